@@ -1,0 +1,129 @@
+"""Hopper GEMM, C = A @ B, as a ws-tune kernel file.
+
+A is M x K (row-major); B is K x N ("row") or N x K ("col", i.e. B^T is
+stored); C is M x N; fp16 or bf16 in, fp32 accumulate. One TMA producer warp
+feeds a multi-versioned shared-memory pipeline; two consumer warpgroups issue
+wgmma into a register accumulator and write C, directly from registers or
+through shared memory and a TMA store. Its hand-written WSSchedule is the
+seed that ws-tune varies; the contract is in ws_tuner/kernel.py.
+
+    ws-tune examples/gemm.py --shape M=4096,N=4096,K=4096
+"""
+
+import tilelang.language as T
+
+PROBLEM = {"M": None, "N": None, "K": None, "dtype": "float16", "b_layout": "row"}
+CHOICES = {"dtype": ["float16", "bfloat16"], "b_layout": ["row", "col"]}
+PARAMS = {
+    "block_M": [64, 128, 192, 256],
+    "block_N": [128, 256],
+    "block_K": [64],
+    "swizzle": [0, 8],  # threadblock rasterization panel; 0 is row-major order
+    "epilogue": ["direct", "smem"],  # C from registers, or staged in shared memory + TMA store
+}
+OUTPUTS = [2]
+TOLERANCE = 1e-2
+SEED_STAGES = 3
+
+
+def check(problem, params, schedule):
+    for dim in ("M", "N", "K"):
+        block = params[f"block_{dim}"]
+        if problem[dim] % block:
+            return f"{dim}={problem[dim]} is not a multiple of block_{dim}={block}"
+    if schedule is not None:
+        # T.gemm spreads the tile over the consumer's warps: m_warp (a multiple
+        # of 4 for wgmma) times n_warp warps, each owning 16k rows and 8k columns.
+        warps = max(role.warps for role in schedule.roles)
+        bm, bn = params["block_M"], params["block_N"]
+        if not any(warps % m == 0 and bm % (16 * m) == 0 and bn % (8 * (warps // m)) == 0 for m in range(4, warps + 1, 4)):
+            return f"a {bm}x{bn} tile cannot be split over {warps} consumer warps"
+    return None
+
+
+def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, stages=SEED_STAGES, consumer_warps=8):
+    M, N, K = problem["M"], problem["N"], problem["K"]
+    dtype, accum = problem["dtype"], "float32"
+    b_col = problem["b_layout"] == "col"
+    b_shape = (N, K) if b_col else (K, N)
+    b_tile = (block_N, block_K) if b_col else (block_K, block_N)
+    producer = consumer_warps  # the producer warp follows the consumer warpgroups
+    smem_epilogue = epilogue == "smem"
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=consumer_warps * 32) as (bx, by):
+            A_shared = T.alloc_shared((block_M, block_K), dtype)
+            B_shared = T.alloc_shared(b_tile, dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum)
+            C_shared = T.alloc_shared((block_M, block_N), dtype)
+            T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
+            T.annotate_ws_schedule(
+                T.WSSchedule(
+                    num_warps=consumer_warps + 4,
+                    roles=[
+                        T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=232),
+                        T.WSRole("Producer", warps_lo=producer, warps_hi=producer + 1, max_nreg=40),
+                    ],
+                    pipelines=[T.WSPipeline("smem", [A_shared, B_shared], depth=stages)],
+                    scopes=[
+                        T.WSScope(
+                            "loop_k",
+                            {
+                                "Consumer": [
+                                    T.WSSync.consumer_wait("smem", stage=0),
+                                    "mma",
+                                    T.WSSync.consumer_release("smem", stage=0),
+                                ],
+                                "Producer": [
+                                    T.WSSync.producer_acquire("smem", stage=0),
+                                    "load_A",
+                                    "load_B",
+                                    T.WSSync.producer_commit("smem", stage=0),
+                                ],
+                            },
+                        ),
+                        T.WSScope(
+                            T.WSScope.ROOT,
+                            {"Consumer": ["clear", "loop_k", "store"], "Producer": ["loop_k"]},
+                        ),
+                    ],
+                )
+            )
+            with T.ws_op("clear"):
+                T.clear(C_local)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages, annotations={T.WSID: "loop_k"}):
+                T.copy(A[by * block_M, k * block_K], A_shared, annotations={T.WSID: "load_A"})
+                if b_col:
+                    T.copy(B[bx * block_N, k * block_K], B_shared, annotations={T.WSID: "load_B"})
+                else:
+                    T.copy(B[k * block_K, bx * block_N], B_shared, annotations={T.WSID: "load_B"})
+                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+            with T.ws_op("store"):
+                if smem_epilogue:
+                    T.copy(C_local, C_shared)
+                    T.copy(C_shared, C[by * block_M, bx * block_N])
+                else:
+                    T.copy(C_local, C[by * block_M, bx * block_N])
+
+    return gemm
+
+
+def inputs(problem, device):
+    import torch
+
+    dtype = getattr(torch, problem["dtype"])
+    M, N, K = problem["M"], problem["N"], problem["K"]
+    a = torch.randn(M, K, device=device, dtype=dtype)
+    b = torch.randn(*((N, K) if problem["b_layout"] == "col" else (K, N)), device=device, dtype=dtype)
+    c = torch.empty(M, N, device=device, dtype=dtype)
+    return [a, b, c]
+
+
+def reference(problem, args):
+    a, b, _ = args
+    return [a @ (b.T if problem["b_layout"] == "col" else b)]
+
+
+def flops(problem):
+    return 2.0 * problem["M"] * problem["N"] * problem["K"]

@@ -1,0 +1,133 @@
+"""Fixtures for the store tests: a fresh database per test, on SQLite and PostgreSQL.
+
+PostgreSQL: one uniquely named database per test session (CREATE DATABASE on
+the server at $WS_TUNE_TEST_PG_URL, dropped at the end) and one schema per test
+inside it, selected through ``search_path`` in the URL, so every test starts
+empty and nothing ws-tune does may assume the ``public`` schema.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, create_engine, make_url, text
+from sqlalchemy.exc import OperationalError
+
+from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.result import Status, Timing, TrialResult
+from ws_tuner.schedule import ROOT_SCOPE, Pipeline, Role, Schedule, Scope, Sync
+from ws_tuner.store import Store
+from ws_tuner.workload import Environment, WorkloadKey
+
+PG_ADMIN_URL = os.environ.get("WS_TUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[URL]:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"ws_tune_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
+                    f"(set WS_TUNE_TEST_PG_URL): {' '.join(str(exc.orig).split())}")
+    try:
+        yield make_url(PG_ADMIN_URL).set(database=name)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_database: URL) -> Iterator[str]:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(pg_database)
+    with engine.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield pg_database.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """The URL of an empty database: a SQLite file, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ws-tune.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def open_db() -> Iterator[Callable[[str], Store]]:
+    """Opens stores and closes them after the test (their pools would hold connections)."""
+    stores: list[Store] = []
+
+    def _open(url: str) -> Store:
+        stores.append(Store(url))
+        return stores[-1]
+
+    yield _open
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(db_url: str, open_db: Callable[[str], Store]) -> Store:
+    return open_db(db_url)
+
+
+# --- factories ----------------------------------------------------------------
+
+ENV = Environment(arch="sm_90a", device="NVIDIA H200", tilelang_version="0.1.15", cuda_version="12.8", driver_version="570.1")
+
+
+def make_key(kernel: str = "gemm", m: int = 8192, device: str = "NVIDIA H200") -> WorkloadKey:
+    env = Environment(ENV.arch, device, ENV.tilelang_version, ENV.cuda_version, ENV.driver_version)
+    return WorkloadKey.make(kernel, "ab" * 32, {"M": m, "N": 8192, "K": 8192, "dtype": "float16"}, env)
+
+
+def make_schedule(depth: int = 3, consumer_nreg: int = 232) -> Schedule:
+    body = {
+        "producer": ("copy_a", Sync("PRODUCER_ACQUIRE", "kv", 0), "tma_load", Sync("PRODUCER_COMMIT", "kv", 0)),
+        "consumer": (Sync("CONSUMER_WAIT", "kv", 0), "gemm", Sync("CONSUMER_RELEASE", "kv", 0)),
+    }
+    return Schedule(
+        num_warps=12,
+        roles=(Role("producer", 0, 4, 40), Role("consumer", 4, 12, consumer_nreg)),
+        pipelines=(Pipeline("kv", ("A_shared", "B_shared"), depth),),
+        scopes=(Scope(ROOT_SCOPE, tuple(body.items())),),
+    )
+
+
+def make_candidate(i: int = 0, lowering: Lowering = Lowering.WS) -> Candidate:
+    params = {"block_M": 128, "block_N": 64 * (1 + i % 4), "block_K": 64, "swizzle": i % 2 == 0, "tag": f"c{i}"}
+    schedule = make_schedule(depth=2 + i % 3, consumer_nreg=232 - 8 * (i % 3)) if lowering is Lowering.WS else None
+    return Candidate.make(params, schedule, lowering)
+
+
+def make_result(candidate: Candidate, status: Status = Status.OK, median_ms: float | None = 1.0, **kw: Any) -> TrialResult:
+    timing = Timing(median_ms, median_ms * 0.98, median_ms * 1.03, 50) if median_ms is not None and status is Status.OK else None
+    return TrialResult(candidate.hash, status, timing=timing, **kw)
+
+
+@pytest.fixture
+def factories() -> Any:
+    """The builders above, for tests (conftest modules should not be imported)."""
+
+    class F:
+        key = staticmethod(make_key)
+        schedule = staticmethod(make_schedule)
+        candidate = staticmethod(make_candidate)
+        result = staticmethod(make_result)
+
+    return F

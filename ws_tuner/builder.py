@@ -1,0 +1,149 @@
+"""Builder: verify a candidate's schedule, then compile it, in a process pool.
+
+MaterializeWSSchedule runs first (milliseconds), so a broken schedule is
+rejected with the verifier's message and never reaches nvcc. Compiles run in
+spawned worker processes with a per-candidate timeout; a worker that hangs
+or dies is replaced by the pool. Outcomes are data: BUILT, REJECTED,
+COMPILE_ERROR or COMPILE_TIMEOUT, each with its message.
+"""
+
+from __future__ import annotations
+
+import abc
+import multiprocessing
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from pebble import ProcessExpired, ProcessPool
+
+from .candidate import Candidate, Lowering
+from .result import Status
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    kernel_path: str
+    source_hash: str
+    problem: dict[str, Any]
+    candidate: Candidate
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    candidate: Candidate
+    status: Status
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.BUILT
+
+
+class Builder(abc.ABC):
+    """Builds candidates; ``submit`` returns at once so compiles overlap other work."""
+
+    @abc.abstractmethod
+    def submit(self, build_input: BuildInput) -> "Future[BuildResult]": ...
+
+    def build(self, inputs: list[BuildInput]) -> list[BuildResult]:
+        return [f.result() for f in [self.submit(i) for i in inputs]]
+
+    def close(self) -> None:
+        """Release workers; the default has none."""
+
+    def __enter__(self) -> "Builder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_one(build_input: BuildInput) -> BuildResult:
+    """Verify and compile one candidate, in whatever process this runs in."""
+    from . import compiler
+    from .kernel import KernelFileError
+
+    start = time.perf_counter()
+
+    def done(status: Status, message: str = "") -> BuildResult:
+        return BuildResult(build_input.candidate, status, message, time.perf_counter() - start)
+
+    if build_input.candidate.lowering is Lowering.REFERENCE:
+        return done(Status.BUILT, "the kernel file's reference: nothing to build")
+    try:
+        task = _task(build_input)
+        func, pass_configs = task.lowered(build_input.candidate)
+        if build_input.candidate.schedule is not None:
+            compiler.verify(func)
+        compiler.compile_kernel(func, pass_configs)
+    except compiler.ScheduleRejected as exc:
+        return done(Status.REJECTED, str(exc))
+    except (compiler.CompilerError, KernelFileError) as exc:
+        return done(Status.COMPILE_ERROR, str(exc))
+    return done(Status.BUILT)
+
+
+_TASKS: dict[tuple[str, str, str], Any] = {}
+
+
+def _task(build_input: BuildInput) -> Any:
+    """The worker's Task for this kernel file and problem, loaded once per process."""
+    from .candidate import canonical_json
+    from .kernel import KernelFileError, load_kernel
+    from .task import Task
+
+    key = (build_input.kernel_path, build_input.source_hash, canonical_json(build_input.problem))
+    if key not in _TASKS:
+        spec = load_kernel(build_input.kernel_path)
+        if spec.source_hash != build_input.source_hash:
+            raise KernelFileError(f"{build_input.kernel_path} changed while tuning; start again")
+        _TASKS[key] = Task.make(spec, build_input.problem)
+    return _TASKS[key]
+
+
+class LocalBuilder(Builder):
+    """A pool of spawned compile workers on this machine.
+
+    Spawned, not forked: the parent holds TVM's threads, and a fork of a
+    threaded process can deadlock in the child.
+    """
+
+    def __init__(self, jobs: int = 1, timeout: float = 300.0):
+        self.jobs, self.timeout = jobs, timeout
+        self._pool = ProcessPool(max_workers=jobs, context=multiprocessing.get_context("spawn"))
+
+    def submit(self, build_input: BuildInput) -> "Future[BuildResult]":
+        started = time.perf_counter()
+        inner = self._pool.schedule(build_one, args=(build_input,), timeout=self.timeout)
+        outer: Future[BuildResult] = Future()
+
+        def finish(fut: Future) -> None:
+            elapsed = time.perf_counter() - started
+            try:
+                outer.set_result(fut.result())
+            except TimeoutError:
+                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_TIMEOUT, f"compile exceeded {self.timeout:.0f} s; worker killed", elapsed))
+            except ProcessExpired as exc:
+                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"compiler process died (exit code {exc.exitcode})", elapsed))
+            except Exception as exc:  # noqa: BLE001 - anything the worker raised becomes data
+                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"{type(exc).__name__}: {exc}".splitlines()[0], elapsed))
+
+        inner.add_done_callback(finish)
+        return outer
+
+    def close(self) -> None:
+        self._pool.close()
+        self._pool.join(timeout=5)
+        self._pool.stop()
+
+
+class InProcessBuilder(Builder):
+    """Builds in the caller's process: for benchmarks of the passes themselves."""
+
+    def submit(self, build_input: BuildInput) -> "Future[BuildResult]":
+        fut: Future[BuildResult] = Future()
+        fut.set_result(build_one(build_input))
+        return fut

@@ -1,0 +1,312 @@
+"""The ``ws-tune`` command line (typer + rich).
+
+    ws-tune FILE --shape M=4096,N=4096,K=4096 [--budget N] [--compile-only] [--db URL] [--jobs N]
+    ws-tune space FILE --shape ...      the axes, and the counts before and after pruning
+    ws-tune best FILE --shape ...       the best stored schedule, as TileLang code and JSON
+    ws-tune export FILE --shape ...     the JSON artifact of a tuning
+    ws-tune db upgrade|current          the database schema
+
+Bad input is one line on stderr and exit code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__)
+db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Database schema commands.")
+app.add_typer(db_app, name="db")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 1
+
+ShapeOpt = typer.Option(..., "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]")
+ParamOpt = typer.Option(None, "--param", "-p", help="Pin kernel parameters, e.g. block_M=128,swizzle=8")
+DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", markup=True)
+    return typer.Exit(code)
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Known failures become one line and exit code 2; anything else one line and 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .compiler import CompilerError
+        from .kernel import KernelFileError
+        from .store import StoreError
+
+        try:
+            return fn(*args, **kwargs)
+        except (KernelFileError, StoreError, CompilerError, ValueError) as exc:
+            raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            raise _fail("interrupted", 130) from None
+        except Exception as exc:  # noqa: BLE001 - the promise is: no traceback
+            if os.environ.get("WS_TUNE_DEBUG"):
+                raise
+            raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
+
+    return wrapper
+
+
+def _task(file: Path, shape: str, param: Optional[str]) -> Any:
+    from .kernel import load_kernel
+    from .task import Task
+
+    spec = load_kernel(file)
+    return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param))
+
+
+# --- tune -------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def tune(
+    file: Path = typer.Argument(..., help="Kernel file (see examples/gemm.py and ws_tuner/kernel.py)"),
+    shape: str = ShapeOpt,
+    param: Optional[str] = ParamOpt,
+    budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop searching after this many seconds"),
+    strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
+    compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing"),
+    db: Optional[str] = DbOpt,
+    jobs: int = typer.Option(max((os.cpu_count() or 2) - 1, 1), "--jobs", "-j", help="Parallel compile workers"),
+    gpu: int = typer.Option(0, "--gpu", help="GPU index to time on"),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed"),
+    compile_timeout: float = typer.Option(300.0, "--compile-timeout", help="Seconds per compile"),
+    run_timeout: float = typer.Option(60.0, "--run-timeout", help="Seconds per GPU check + timing"),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Measure tilelang's own lowerings too"),
+) -> None:
+    """Tune FILE at one problem: search schedules, build, time, store."""
+    from . import search
+    from .builder import LocalBuilder
+    from .runner import EvaluatorConfig, LocalRunner, gpu_available
+    from .store import open_store
+    from .tune import TuneOptions, Tuner
+
+    if budget < 0 or jobs < 1:
+        raise _fail("--budget must be >= 0 and --jobs >= 1")
+    if strategy not in search.KINDS:
+        raise _fail(f"unknown strategy {strategy!r}; choose one of {', '.join(search.KINDS)}")
+    task = _task(file, shape, param)
+    task.space().count()  # kernel or shape errors surface here, before the database is touched
+    store = open_store(db)
+    if not compile_only and not gpu_available():
+        err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
+        compile_only = True
+    options = TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, baselines=baselines,
+                          evaluator=EvaluatorConfig(timeout=run_timeout))  # fmt: skip
+    runner = None if compile_only else LocalRunner(gpu)
+    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, _progress() as progress:
+        bar = progress.add_task("tuning", total=None)
+        done = [0]
+
+        def listener(event: str, record: Any) -> None:
+            if event == "confirm":
+                progress.update(bar, description="confirming the leaders")
+                return
+            done[0] += 1
+            progress.update(bar, completed=done[0], description=f"{record.result.status.value:>13} {record.candidate.describe()[:70]}")
+
+        tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
+                      options=options, listener=listener)  # fmt: skip
+        try:
+            report = tuner.run()
+        finally:
+            if runner:
+                runner.close()
+    _print_report(report, task)
+    if report.interrupted:
+        raise typer.Exit(130)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+
+
+def _print_report(report: Any, task: Any) -> None:
+    from .candidate import Lowering
+
+    counts = report.counts()
+    table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    for status, n in sorted(counts.items()):
+        table.add_row(status, str(n))
+    if report.pruned:
+        table.add_row("pruned (static rules)", str(report.pruned))
+    cached = sum(r.cached for r in report.records)
+    table.caption = f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store)"
+    out.print(table)
+    if report.compile_only:
+        out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
+        return
+    best = report.best
+    rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
+    speed = Table(title="speed")
+    for col in ("schedule", "TFLOP/s", "median ms", "spread", "best / this"):
+        speed.add_column(col, justify="right" if col != "schedule" else "left")
+    for name, rec in rows:
+        if rec is None:
+            speed.add_row(name, "-", "-", "-", "-")
+            continue
+        t = rec.result.timing
+        ratio = best.result.timing.median_ms and t.median_ms / best.result.timing.median_ms if best else None
+        speed.add_row(name, f"{rec.result.tflops:.0f}", f"{t.median_ms:.4f}", f"{t.spread:.1%}", f"{ratio:.3f}x" if ratio else "-")
+    out.print(speed)
+    if best is not None and best.candidate.lowering is Lowering.WS:
+        out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
+        out.print(best.candidate.schedule.to_source())
+
+
+# --- space ------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def space(file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt) -> None:
+    """Print the axes of FILE's schedule space and its size before and after pruning."""
+    import time
+
+    task = _task(file, shape, param)
+    sp = task.space()
+    start = time.perf_counter()
+    count = sp.count()
+    elapsed = time.perf_counter() - start
+    axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}")
+    axes.add_column("axis")
+    axes.add_column("values")
+    for name, values in sp.axes().items():
+        axes.add_row(name, ", ".join(map(str, values)))
+    out.print(axes)
+    pruned = Table(title="static pruning")
+    pruned.add_column("rule")
+    pruned.add_column("pruned", justify="right")
+    pruned.add_column("example")
+    for kind, n in count.pruned.most_common():
+        pruned.add_row(kind, str(n), count.examples[kind])
+    out.print(pruned)
+    out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+
+
+# --- best / export -------------------------------------------------------------
+
+
+def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k: int) -> tuple[Any, Any, list[Any]]:
+    from . import lookup
+    from .store import open_store
+
+    task = _task(file, shape, None)
+    store = open_store(db)
+    key = lookup.workload_key(task, device=device)
+    workload = next((wid for wid, wkey in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash) if wkey == key), None)
+    return task, key, (store.top_k(workload_id=workload, k=k) if workload is not None else [])
+
+
+@app.command()
+@handles_errors
+def best(
+    file: Path = typer.Argument(...),
+    shape: str = ShapeOpt,
+    db: Optional[str] = DbOpt,
+    device: Optional[str] = typer.Option(None, "--device", help="Device name (default: this machine's GPU, else compile-only)"),
+) -> None:
+    """Print the best stored schedule of FILE at a problem, as TileLang code and JSON."""
+    task, key, top = _stored(file, shape, db, device, k=1)
+    if not top:
+        raise _fail(f"no timed result stored for {task.spec.name} at {key.problem} on {key.device}; run `ws-tune {file} --shape {shape}` first", EXIT_NOT_FOUND)
+    trial = top[0]
+    out.print(f"# {trial.candidate.describe()}  {trial.result.tflops:.0f} TFLOP/s, {trial.result.timing.median_ms:.4f} ms")
+    if trial.candidate.schedule is not None:
+        out.print(trial.candidate.schedule.to_source())
+    out.print(json.dumps(trial.candidate.to_json(), indent=2))
+
+
+@app.command()
+@handles_errors
+def export(
+    file: Path = typer.Argument(...),
+    shape: str = ShapeOpt,
+    db: Optional[str] = DbOpt,
+    device: Optional[str] = typer.Option(None, "--device"),
+    output: Path = typer.Option(Path("ws-tune-export.json"), "--output", "-o"),
+    top: int = typer.Option(10, "--top", help="How many of the fastest to include"),
+) -> None:
+    """Write the JSON artifact of FILE's tuning at a problem: the key and the fastest schedules."""
+    task, key, trials = _stored(file, shape, db, device, k=top)
+    artifact = {
+        "workload": key.to_json(),
+        "results": [
+            {
+                "candidate": t.candidate.to_json(),
+                "hash": t.candidate.hash,
+                "median_ms": t.result.timing.median_ms if t.result.timing else None,
+                "spread": t.result.timing.spread if t.result.timing else None,
+                "tflops": t.result.tflops,
+                "source": t.candidate.schedule.to_source() if t.candidate.schedule else None,
+            }
+            for t in trials
+        ],
+    }
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    tmp.write_text(json.dumps(artifact, indent=2))
+    tmp.replace(output)  # atomic: a reader never sees half a file
+    out.print(f"wrote {len(trials)} results to {output}")
+
+
+# --- db ---------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+@handles_errors
+def db_upgrade(db: Optional[str] = DbOpt) -> None:
+    """Apply the migrations up to this ws-tune's schema."""
+    from .store import resolve_db_url, upgrade
+    from .store.repository import mask_url
+
+    url = resolve_db_url(db)
+    revision = upgrade(url)
+    out.print(f"{mask_url(url)} is at schema revision {revision}")
+
+
+@db_app.command("current")
+@handles_errors
+def db_current(db: Optional[str] = DbOpt) -> None:
+    """Print the database's schema revision and this ws-tune's."""
+    from .store import current_revision, head_revision, resolve_db_url
+
+    out.print(f"database: {current_revision(resolve_db_url(db)) or 'empty'}; this ws-tune: {head_revision()}")
+
+
+# --- entry point --------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``ws-tune FILE ...`` is short for ``ws-tune tune FILE ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands} | {"db"} | {
+        g.name for g in app.registered_groups if g.name
+    }
+    if args and not args[0].startswith("-") and args[0] not in commands:
+        args.insert(0, "tune")
+    app(args=args, prog_name="ws-tune")

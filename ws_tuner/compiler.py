@@ -1,0 +1,304 @@
+"""The compiler, behind one module: every use of tilelang and its TVM is here.
+
+It converts between ``schedule.Schedule`` and ``T.WSSchedule``, derives the
+seed schedule of a kernel (its own annotation, or tilelang's role_based
+scheduler for a plain kernel), attaches a candidate's schedule, verifies it
+with MaterializeWSSchedule, and compiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+import tilelang
+import tilelang.language as T
+from tilelang import tvm
+from tvm.tirx import stmt_functor
+
+from .candidate import Lowering
+
+# tilelang logs every compile at INFO; a tuner compiles thousands.
+logging.getLogger("tilelang").setLevel(logging.WARNING)
+from .schedule import ROOT_SCOPE, SYNC_KINDS, Pipeline, Role, Schedule, Scope, Sync
+
+ARCH = "sm_90a"
+WS_ANNOTATION = "tl.ws_schedule"
+ROLE_BASED_CONFIG = {"tl.enable_auto_warp_specialization": "role_based"}
+# The scheduler of TileLang's own CUDA pipeline names its block this.
+ROOT_BLOCK = "tilelang_root"
+
+
+class CompilerError(Exception):
+    """A kernel or schedule the compiler refused; the message is one line."""
+
+
+class ScheduleRejected(CompilerError):
+    """MaterializeWSSchedule's verifier refused the schedule."""
+
+
+@dataclass(frozen=True)
+class SharedBuffer:
+    name: str
+    bytes: int  # one version
+
+
+@functools.cache
+def target() -> Any:
+    # 0.1.15 rejects the string "cuda -arch=sm_90a"; the dict form works.
+    return tvm.target.Target({"kind": "cuda", "arch": ARCH})
+
+
+# --- TVM <-> plain schedule -------------------------------------------------
+
+
+def schedule_from_tvm(ws: Any) -> Schedule:
+    def instr(i: Any) -> str | Sync:
+        if isinstance(i, T.WSOpRef):
+            return str(i.id)
+        return Sync(str(i.kind).rsplit(".", 1)[-1], str(i.pipeline), int(i.stage))
+
+    return Schedule(
+        num_warps=int(ws.num_warps),
+        roles=tuple(Role(str(r.name), int(r.warp_lo), int(r.warp_hi), int(r.max_nreg)) for r in ws.roles),
+        pipelines=tuple(Pipeline(str(p.name), tuple(str(b.name) for b in p.buffers), int(p.depth)) for p in ws.pipelines),
+        scopes=tuple(
+            Scope(str(s.id), tuple((str(role), tuple(instr(i) for i in body)) for role, body in s.bodies.items()))
+            for s in ws.scopes
+        ),
+    )
+
+
+def schedule_to_tvm(schedule: Schedule, buffers: dict[str, Any]) -> Any:
+    def instr(i: str | Sync) -> Any:
+        return i if isinstance(i, str) else getattr(T.WSSync, SYNC_KINDS[i.kind])(i.pipeline, stage=i.stage)
+
+    missing = [b for p in schedule.pipelines for b in p.buffers if b not in buffers]
+    if missing:
+        raise CompilerError(f"schedule names buffers the kernel does not allocate: {', '.join(sorted(set(missing)))}")
+    if schedule.num_warps <= 0 or schedule.num_warps % 4:
+        raise CompilerError(f"num_warps must be a positive multiple of 4, got {schedule.num_warps}")
+    return T.WSSchedule(
+        num_warps=schedule.num_warps,
+        roles=[T.WSRole(r.name, warps_lo=r.warp_lo, warps_hi=r.warp_hi, max_nreg=r.max_nreg) for r in schedule.roles],
+        pipelines=[T.WSPipeline(p.name, [buffers[b] for b in p.buffers], depth=p.depth) for p in schedule.pipelines],
+        scopes=[T.WSScope(s.id, {role: [instr(i) for i in body] for role, body in s.bodies}) for s in schedule.scopes],
+    )
+
+
+# --- PrimFunc surgery -------------------------------------------------------
+
+
+def _annotated_block(func: Any) -> Any | None:
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.SBlock) and (WS_ANNOTATION in node.annotations or node.name_hint == ROOT_BLOCK):
+            found.append(node)
+
+    stmt_functor.post_order_visit(func.body, visit)
+    with_ws = [b for b in found if WS_ANNOTATION in b.annotations]
+    return (with_ws or found or [None])[0]
+
+
+def _set_annotation(func: Any, value: Any | None) -> Any:
+    """Replace (or, with None, remove) the WSSchedule annotation of the kernel's block."""
+    target_block = _annotated_block(func)
+    if target_block is None:
+        raise CompilerError("kernel has no tilelang_root block to attach a schedule to (is it a T.Kernel?)")
+
+    def post(stmt: Any) -> Any:
+        if not stmt.same_as(target_block):
+            return None
+        ann = {k: v for k, v in stmt.annotations.items() if k != WS_ANNOTATION}
+        if value is not None:
+            ann[WS_ANNOTATION] = value
+        return tvm.tirx.SBlock(
+            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, stmt.body,
+            stmt.init, stmt.alloc_buffers, stmt.match_buffers, ann,
+        )  # fmt: skip
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, post, ["tirx.SBlock"]))
+
+
+def own_schedule(func: Any) -> Schedule | None:
+    block = _annotated_block(func)
+    if block is None or WS_ANNOTATION not in block.annotations:
+        return None
+    return schedule_from_tvm(block.annotations[WS_ANNOTATION])
+
+
+def strip(func: Any) -> Any:
+    return _set_annotation(func, None) if own_schedule(func) else func
+
+
+def shared_buffers(func: Any) -> list[SharedBuffer]:
+    """Shared-memory buffers the kernel uses, one version each (for static pruning).
+
+    Allocations nothing references are left out: tilelang drops them too.
+    """
+    block = _annotated_block(func)
+    if block is None:
+        return []
+    used = _referenced_vars(block.body)
+    out = []
+    for buf in block.alloc_buffers:
+        scope = buf.scope()
+        if scope.startswith("shared") and "barrier" not in scope and buf.data in used:
+            elems = 1
+            for dim in buf.shape:
+                elems *= int(dim)
+            out.append(SharedBuffer(str(buf.name), elems * tvm.DataType(buf.dtype).bits // 8))
+    return out
+
+
+def op_buffers(func: Any) -> dict[str, frozenset[str]]:
+    """Op id -> names of the block-allocated buffers the op touches.
+
+    The schedule space needs this to regroup pipelines: every op that touches
+    a protected buffer must sit inside that pipeline's span.
+    """
+    block = _annotated_block(func)
+    if block is None:
+        return {}
+    allocated = {b.data: str(b.name) for b in block.alloc_buffers}
+    out: dict[str, frozenset[str]] = {}
+
+    def visit(node: Any) -> None:
+        op_id = None
+        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "tl.ws_op_id":
+            op_id, body = _text(node.value), node.body
+        elif isinstance(node, (tvm.tirx.Evaluate, tvm.tirx.For)):
+            ann = node.value.annotations if isinstance(node, tvm.tirx.Evaluate) and hasattr(node.value, "annotations") else getattr(node, "annotations", {})
+            if ann and "tl.ws_op_id" in ann:
+                op_id, body = _text(ann["tl.ws_op_id"]), node
+        if op_id is not None:
+            out[op_id] = frozenset(allocated[v] for v in _referenced_vars(body) if v in allocated)
+
+    stmt_functor.post_order_visit(block.body, visit)
+    return out
+
+
+def _text(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def _referenced_vars(stmt: Any) -> set[Any]:
+    seen: set[Any] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.Var):
+            seen.add(node)
+        elif isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)):
+            seen.add(node.buffer.data)
+
+    stmt_functor.post_order_visit(stmt, visit)
+    return seen
+
+
+def _prologue(func: Any) -> Any:
+    mod = tvm.IRModule({"main": func})
+    mod = tvm.tirx.transform.BindTarget(target())(mod)
+    return tilelang.transform.MaterializeKernelLaunch(lower_thread_binding=True, default_threads=128)(mod)
+
+
+def prepare(func: Any) -> tuple[Any, Schedule]:
+    """The kernel with op ids, and its seed schedule.
+
+    A kernel with its own ``T.annotate_ws_schedule`` is its own seed. A plain
+    kernel goes through tilelang's role_based scheduler, which adds op ids
+    (``tl_tileop_copy_0``, ``loop_0``, ...) and its schedule; the result compiles
+    like a user-annotated kernel (MaterializeKernelLaunch is idempotent).
+    """
+    seed = own_schedule(func)
+    if seed is not None:
+        return func, seed
+    try:
+        with tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
+            mod = tilelang.transform.InjectAssumes()(_prologue(func))
+            mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
+    except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
+        raise CompilerError(f"role_based scheduler failed: {one_line(exc)}") from exc
+    prepared = mod["main"]
+    seed = own_schedule(prepared)
+    if seed is None:
+        raise CompilerError("kernel has no WS schedule and tilelang's role_based scheduler found nothing to specialize")
+    return prepared, seed
+
+
+def attach(func: Any, schedule: Schedule) -> Any:
+    block = _annotated_block(func)
+    if block is None:
+        raise CompilerError("kernel has no tilelang_root block to attach a schedule to (is it a T.Kernel?)")
+    buffers = {str(b.name): b for b in block.alloc_buffers}
+    try:
+        ws = schedule_to_tvm(schedule, buffers)
+    except CompilerError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise CompilerError(f"cannot build T.WSSchedule: {one_line(exc)}") from exc
+    return _set_annotation(func, ws)
+
+
+def verify(func: Any) -> None:
+    """Run MaterializeWSSchedule alone: milliseconds, and it catches broken schedules."""
+    try:
+        tilelang.cuda.transform.MaterializeWSSchedule()(_prologue(func))
+    except Exception as exc:  # noqa: BLE001
+        raise ScheduleRejected(one_line(exc)) from exc
+
+
+def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple[Any, dict[str, Any]]:
+    """The PrimFunc and pass configs that give the requested lowering."""
+    if lowering is Lowering.WS:
+        assert schedule is not None
+        prepared, _ = prepare(func)
+        return attach(prepared, schedule), {}
+    if lowering is Lowering.REFERENCE:
+        raise CompilerError("the reference is the kernel file's own Python function; there is nothing to compile")
+    plain = strip(func)
+    return plain, (ROLE_BASED_CONFIG if lowering is Lowering.ROLE_BASED else {})
+
+
+def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
+    try:
+        return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
+    except Exception as exc:  # noqa: BLE001
+        raise CompilerError(one_line(exc)) from exc
+
+
+def one_line(exc: BaseException, limit: int = 600) -> str:
+    """The informative line of a TVM / nvcc error (they come with backtraces and warnings)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for pattern in (r"Check failed", r"\bfatal\b", r"\berror\b"):
+        hits = [ln for ln in lines if re.search(pattern, ln, re.I) and "warning" not in ln.lower() and not ln.startswith("Compilation error")]
+        if hits:
+            return re.sub(r"^.*?(Check failed: )", r"\1", hits[0])[:limit]
+    return lines[-1][:limit]
+
+
+# --- versions ---------------------------------------------------------------
+
+
+def tilelang_version() -> str:
+    return str(tilelang.__version__)
+
+
+@functools.cache
+def cuda_version() -> str:
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    for cmd in (nvcc, "nvcc"):
+        try:
+            out = subprocess.run([cmd, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        match = re.search(r"release (\d+\.\d+)", out)
+        if match:
+            return match.group(1)
+    return "unknown"

@@ -1,0 +1,194 @@
+"""Kernel files: the contract of the file given to ``ws-tune FILE``.
+
+A kernel file is a Python module that defines, at top level:
+
+``PROBLEM: dict[str, object]``
+    The problem arguments and their defaults; ``None`` marks one the user
+    must give (``--shape M=4096,N=4096,K=4096``). A default's type is the
+    argument's type (int, float or str).
+``CHOICES: dict[str, list]`` (optional)
+    The allowed values of some problem arguments (dtypes, layouts).
+``PARAMS: dict[str, list]``
+    The kernel's tunable parameters (tile sizes, swizzle, ...) and the
+    values to try. The schedule space is crossed with their product.
+``kernel(problem: dict, **params) -> PrimFunc``
+    Builds the TileLang kernel. It may carry ``T.annotate_ws_schedule`` (its
+    seed schedule, with ``T.WSID`` op ids); a plain kernel is seeded by
+    tilelang's role_based scheduler instead.
+``inputs(problem: dict, device) -> list[torch.Tensor]``
+    Every argument of the kernel, outputs included, on ``device``, with
+    fresh random values for the inputs.
+``OUTPUTS: list[int]`` (optional, default ``[-1]``)
+    Indices of the output arguments in that list.
+``reference(problem: dict, args: list[torch.Tensor]) -> list[torch.Tensor]``
+    The expected outputs, one per entry of ``OUTPUTS``.
+``flops(problem: dict) -> float``
+    Floating-point operations of one call, for TFLOP/s.
+``check(problem: dict, params: dict, schedule) -> str | None`` (optional)
+    Why these parameters (and, when not ``None``, this ``ws_tuner.schedule.
+    Schedule``'s role split) cannot serve this problem, or ``None``; used to
+    prune before anything is built.
+``TOLERANCE: float`` (optional, default 1e-2)
+    Largest relative error ``|out - ref| / |ref|`` that counts as correct.
+``PINGPONG: bool`` (optional, default False)
+    The kernel's consumer work may be split into two ping-pong roles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+REQUIRED = ("PROBLEM", "PARAMS", "kernel", "inputs", "reference", "flops")
+
+
+class KernelFileError(Exception):
+    """The kernel file cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    path: Path
+    source_hash: str
+    problem_defaults: dict[str, Any]
+    choices: dict[str, tuple[Any, ...]]
+    params: dict[str, tuple[Any, ...]]
+    outputs: tuple[int, ...] = (-1,)
+    tolerance: float = 1e-2
+    pingpong: bool = False
+    module: ModuleType | None = field(default=None, compare=False, repr=False)
+
+    # --- the user's functions, called through one place each ---------------
+    def build(self, problem: dict[str, Any], params: dict[str, Any]) -> Any:
+        return self._call("kernel", problem, **params)
+
+    def inputs(self, problem: dict[str, Any], device: Any) -> list[Any]:
+        return list(self._call("inputs", problem, device))
+
+    def reference(self, problem: dict[str, Any], args: list[Any]) -> list[Any]:
+        return list(self._call("reference", problem, args))
+
+    def flops(self, problem: dict[str, Any]) -> float:
+        return float(self._call("flops", problem))
+
+    def check(self, problem: dict[str, Any], params: dict[str, Any], schedule: Any = None) -> str | None:
+        if self.module is None or not hasattr(self.module, "check"):
+            return None
+        return self._call("check", problem, params, schedule)
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        fn: Callable[..., Any] = getattr(self.module, name)
+        return fn(*args, **kwargs)
+
+    # --- user input ---------------------------------------------------------
+    def parse_problem(self, text: str | dict[str, Any] | None) -> dict[str, Any]:
+        """``M=4096,N=4096,K=4096`` (or a dict) -> the full, typed problem."""
+        given = parse_assignments(text, what="--shape") if not isinstance(text, dict) else dict(text)
+        unknown = sorted(set(given) - set(self.problem_defaults))
+        if unknown:
+            raise KernelFileError(f"unknown problem argument {unknown[0]!r}; {self.name} takes {', '.join(self.problem_defaults)}")
+        problem: dict[str, Any] = {}
+        for key, default in self.problem_defaults.items():
+            if key not in given:
+                if default is None:
+                    raise KernelFileError(f"--shape is missing {key} (give {','.join(k + '=...' for k, v in self.problem_defaults.items() if v is None)})")
+                problem[key] = default
+                continue
+            problem[key] = _coerce(key, given[key], default)
+            allowed = self.choices.get(key)
+            if allowed and problem[key] not in allowed:
+                raise KernelFileError(f"{key}={problem[key]} is not one of {', '.join(map(str, allowed))}")
+            if isinstance(problem[key], int) and not isinstance(problem[key], bool) and problem[key] <= 0:
+                raise KernelFileError(f"{key} must be positive, got {problem[key]}")
+        return problem
+
+    def parse_params(self, text: str | None) -> dict[str, tuple[Any, ...]]:
+        """``block_M=128,swizzle=8`` pins parameters; the rest keep their lists."""
+        pinned = parse_assignments(text, what="--param")
+        unknown = sorted(set(pinned) - set(self.params))
+        if unknown:
+            raise KernelFileError(f"unknown kernel parameter {unknown[0]!r}; {self.name} takes {', '.join(self.params)}")
+        out = dict(self.params)
+        for key, value in pinned.items():
+            out[key] = (_coerce(key, value, self.params[key][0]),)
+        return out
+
+
+def parse_assignments(text: str | None, *, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise KernelFileError(f"{what} wants KEY=VALUE pairs separated by commas, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _coerce(key: str, value: Any, like: Any) -> Any:
+    """Parse a command-line string to the type of ``like`` (required arguments are sizes: int)."""
+    if not isinstance(value, str):
+        return value
+    kind = type(like) if like is not None else int
+    try:
+        if kind is bool:
+            return value.lower() in ("1", "true", "yes")
+        if kind in (int, float):
+            return kind(value)
+    except ValueError:
+        raise KernelFileError(f"{key}={value!r} is not a number") from None
+    return value
+
+
+def load_kernel(path: str | Path) -> KernelSpec:
+    """Import a kernel file and check its contract; errors are one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise KernelFileError(f"kernel file {path} does not exist")
+    source = path.read_bytes()
+    name = path.stem
+    # A unique module name per file content: two kernel files named alike do not clash.
+    digest = hashlib.sha256(source).hexdigest()
+    mod_name = f"ws_tune_kernel_{name}_{digest[:12]}"
+    if mod_name in sys.modules:
+        module = sys.modules[mod_name]
+    else:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise KernelFileError(f"cannot import {path}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit too
+            del sys.modules[mod_name]
+            raise KernelFileError(f"cannot import {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    missing = [n for n in REQUIRED if not hasattr(module, n)]
+    if missing:
+        raise KernelFileError(f"{path} is not a ws-tune kernel file: it lacks {', '.join(missing)} (see ws_tuner/kernel.py)")
+    problem = getattr(module, "PROBLEM")
+    params = getattr(module, "PARAMS")
+    if not isinstance(problem, dict) or not isinstance(params, dict):
+        raise KernelFileError(f"{path}: PROBLEM and PARAMS must be dicts")
+    if any(not isinstance(v, (list, tuple)) or not v for v in params.values()):
+        raise KernelFileError(f"{path}: every PARAMS entry must be a non-empty list of values")
+    for fn in ("kernel", "inputs", "reference", "flops"):
+        if not callable(getattr(module, fn)):
+            raise KernelFileError(f"{path}: {fn} must be a function")
+    return KernelSpec(
+        name=name,
+        path=path.resolve(),
+        source_hash=digest,
+        problem_defaults=dict(problem),
+        choices={k: tuple(v) for k, v in getattr(module, "CHOICES", {}).items()},
+        params={k: tuple(v) for k, v in params.items()},
+        outputs=tuple(getattr(module, "OUTPUTS", (-1,))),
+        tolerance=float(getattr(module, "TOLERANCE", 1e-2)),
+        pingpong=bool(getattr(module, "PINGPONG", False)),
+        module=module,
+    )

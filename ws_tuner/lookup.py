@@ -1,0 +1,73 @@
+"""The Python lookup API: the best stored schedule for (kernel, problem, device).
+
+    from ws_tuner.lookup import best_schedule, compile_best
+    kernel = compile_best("examples/gemm.py", {"M": 4096, "N": 4096, "K": 4096})
+
+``compile_best`` falls back to the kernel's own seed schedule when nothing is
+stored, so production code always gets a kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .candidate import Candidate
+from .kernel import KernelSpec, load_kernel
+from .store import Store, StoredTrial, open_store
+from .task import Task
+from .workload import Environment, WorkloadKey
+
+
+def current_environment(device: str | None = None) -> Environment:
+    """This machine's GPU (read through nvidia-smi, no CUDA context), else compile-only."""
+    from . import gpu
+    from .runner import gpu_available
+    from .tune import compile_only_environment
+
+    env = gpu.environment() if gpu_available() else compile_only_environment()
+    return env if device is None else Environment(env.arch, device, env.tilelang_version, env.cuda_version, env.driver_version)
+
+
+def workload_key(task: Task, *, device: str | None = None, env: Environment | None = None) -> WorkloadKey:
+    return WorkloadKey.make(task.spec.name, task.spec.source_hash, task.problem, env or current_environment(device))
+
+
+def _task(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str) -> Task:
+    spec = kernel if isinstance(kernel, KernelSpec) else load_kernel(kernel)
+    return Task.make(spec, spec.parse_problem(problem))
+
+
+def best_trial(
+    kernel: str | Path | KernelSpec,
+    problem: dict[str, Any] | str,
+    *,
+    db: str | Store | None = None,
+    env: Environment | None = None,
+) -> StoredTrial | None:
+    """The fastest correct stored result for this kernel file, problem and device, or None."""
+    task = _task(kernel, problem)
+    store = db if isinstance(db, Store) else open_store(db)
+    return store.best(key=workload_key(task, env=env))
+
+
+def best_schedule(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str, **kw: Any) -> Candidate | None:
+    trial = best_trial(kernel, problem, **kw)
+    return trial.candidate if trial else None
+
+
+def compile_best(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str, *, params: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """Compile the kernel with its best stored schedule; without one, with its seed
+    schedule at ``params`` (default: the first value of each kernel parameter)."""
+    from . import compiler
+
+    task = _task(kernel, problem)
+    candidate = best_schedule(task.spec, task.problem, **kw)
+    if candidate is None:
+        params = params or {k: v[0] for k, v in task.spec.params.items()}
+        seed = task.space().seed_candidate(tuple(sorted(params.items())))
+        if isinstance(seed, str):
+            raise compiler.CompilerError(f"no stored schedule, and the seed at {params} is invalid: {seed}")
+        candidate = seed
+    func, configs = task.lowered(candidate)
+    return compiler.compile_kernel(func, configs)

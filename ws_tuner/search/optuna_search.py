@@ -1,0 +1,102 @@
+"""Optuna-driven search (random, TPE) over the space's define-by-run decisions.
+
+Ask/tell in batches: the tuner asks for a batch, builds and runs it while
+asking for the next. Pruned and failed points are told as FAIL, so the
+sampler learns nothing false from them; measured ones as their median ms.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import optuna
+
+from ..result import Status, TrialResult
+from ..space import ScheduleSpace
+from .base import Proposal, SearchStrategy
+
+# A sampler stuck in a pruned corner of the space gives up after this many tries per proposal.
+MAX_PRUNED_IN_A_ROW = 200
+
+
+class OptunaSearch(SearchStrategy):
+    def __init__(self, kind: str, *, seed: int = 0, storage: str | None = None, study_name: str | None = None):
+        self.kind, self.seed = kind, seed
+        self.storage, self.study_name = storage, study_name
+        optuna.logging.set_verbosity(logging.WARNING)
+        # group=True is "experimental" in name only; it is what define-by-run spaces need.
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+    def pre_tuning(self, space: ScheduleSpace, history: list[tuple[dict[str, Any], TrialResult]]) -> None:
+        super().pre_tuning(space, history)
+        sampler = (
+            optuna.samplers.RandomSampler(seed=self.seed)
+            if self.kind == "random"
+            else optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=10)
+        )
+        self.study = optuna.create_study(
+            direction="minimize", sampler=sampler, storage=self.storage, study_name=self.study_name, load_if_exists=True
+        )
+        self._seen: set[str] = set()
+        self.pruned = 0  # sampled points the static rules refused
+        known = {tuple(sorted(t.params.items())) for t in self.study.trials}
+        for decisions, result in history:
+            if not decisions or tuple(sorted(decisions.items())) in known:
+                continue
+            self._add_history(decisions, result)
+
+    def _add_history(self, decisions: dict[str, Any], result: TrialResult) -> None:
+        distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in self._choices(decisions).items()}
+        ok = result.status is Status.OK and result.timing is not None
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                params=decisions,
+                distributions=distributions,
+                value=result.timing.median_ms if ok else None,  # type: ignore[union-attr]
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+            )
+        )
+        self._seen.add(result.candidate_hash)
+
+    def _choices(self, decisions: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+        """Each decision's choice list, by replaying the space's sampler."""
+        choices: dict[str, tuple[Any, ...]] = {}
+
+        def record(name: str, options: Any) -> Any:
+            choices[name] = tuple(options)
+            return decisions[name] if decisions.get(name) in choices[name] else choices[name][0]
+
+        self.space.sample(record)
+        return {k: v for k, v in choices.items() if k in decisions}
+
+    def propose(self, n: int) -> list[Proposal]:
+        """Up to ``n`` new candidates; empty once the sampler only finds pruned or seen points."""
+        out: list[Proposal] = []
+        misses = 0
+        while len(out) < n and misses < MAX_PRUNED_IN_A_ROW:
+            trial = self.study.ask()
+            point = self.space.sample(lambda name, options: trial.suggest_categorical(name, list(options)))
+            candidate = self.space.candidate(point)
+            if isinstance(candidate, str):
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self.pruned += 1
+                misses += 1
+                continue
+            if candidate.hash in self._seen:  # samplers repeat points; measuring twice teaches nothing
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                misses += 1
+                continue
+            self._seen.add(candidate.hash)
+            misses = 0
+            out.append(Proposal(candidate, dict(trial.params), token=trial))
+        return out
+
+    def notify(self, proposal: Proposal, result: TrialResult) -> None:
+        if proposal.token is None:
+            return
+        if result.status is Status.OK and result.timing is not None:
+            self.study.tell(proposal.token, result.timing.median_ms)
+        else:
+            self.study.tell(proposal.token, state=optuna.trial.TrialState.FAIL)

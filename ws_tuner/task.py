@@ -1,0 +1,61 @@
+"""A tuning task: one kernel file at one problem, and what the stages need of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import compiler
+from .candidate import Candidate, Lowering
+from .kernel import KernelSpec
+from .space import PointInfo, ScheduleSpace, SpaceConfig
+
+
+@dataclass(frozen=True)
+class Task:
+    spec: KernelSpec
+    problem: dict[str, Any]
+    param_grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, spec: KernelSpec, problem: dict[str, Any], param_grid: dict[str, tuple[Any, ...]] | None = None) -> "Task":
+        return cls(spec, problem, dict(param_grid or spec.params))
+
+    def primfunc(self, params: dict[str, Any]) -> Any:
+        try:
+            return self.spec.build(self.problem, params)
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(params)}) failed: {compiler.one_line(exc)}") from exc
+
+    def point_info(self, params: dict[str, Any]) -> PointInfo:
+        func = self.primfunc(params)
+        prepared, seed = compiler.prepare(func)
+        return PointInfo(
+            seed=seed,
+            shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
+            op_buffers=compiler.op_buffers(prepared),
+        )
+
+    def space(self, config: SpaceConfig | None = None) -> ScheduleSpace:
+        return ScheduleSpace(
+            param_grid=self.param_grid,
+            point_info=self.point_info,
+            check=lambda params, schedule: self.spec.check(self.problem, params, schedule),
+            config=config or SpaceConfig(),
+        )
+
+    def lowered(self, candidate: Candidate) -> tuple[Any, dict[str, Any]]:
+        """The PrimFunc (schedule attached) and pass configs that build the candidate."""
+        func = self.primfunc(candidate.param_dict)
+        return compiler.lower_for(func, candidate.lowering, candidate.schedule)
+
+    def baselines(self, params: dict[str, Any]) -> list[Candidate]:
+        """The kernel's seed schedule, tilelang's default lowering and role_based, at one point."""
+        space = self.space()
+        seed = space.seed_candidate(tuple(sorted(params.items())))
+        out = [Candidate.make(params, None, Lowering.DEFAULT), Candidate.make(params, None, Lowering.ROLE_BASED)]
+        return ([seed] if isinstance(seed, Candidate) else []) + out
+
+
+def _fmt(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(params.items()))
