@@ -125,7 +125,7 @@ class LocalBuilder(Builder):
             try:
                 outer.set_result(fut.result())
             except TimeoutError:
-                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_TIMEOUT, f"compile exceeded {self.timeout:.0f} s; worker killed", elapsed))
+                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_TIMEOUT, f"compile exceeded {self.timeout:g} s; worker killed", elapsed))
             except ProcessExpired as exc:
                 outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"compiler process died (exit code {exc.exitcode})", elapsed))
             except Exception as exc:  # noqa: BLE001 - anything the worker raised becomes data

@@ -1,10 +1,5 @@
-"""Fixtures for the store tests: a fresh database per test, on SQLite and PostgreSQL.
-
-PostgreSQL: one uniquely named database per test session (CREATE DATABASE on
-the server at $WS_TUNE_TEST_PG_URL, dropped at the end) and one schema per test
-inside it, selected through ``search_path`` in the URL, so every test starts
-empty and nothing ws-tune does may assume the ``public`` schema.
-"""
+"""Fixtures for the store tests: a store on a fresh database (``db_url``, from
+tests/conftest.py: SQLite and PostgreSQL), and factories of stored values."""
 
 from __future__ import annotations
 
@@ -22,64 +17,6 @@ from ws_tuner.result import Status, Timing, TrialResult
 from ws_tuner.schedule import ROOT_SCOPE, Pipeline, Role, Schedule, Scope, Sync
 from ws_tuner.store import Store
 from ws_tuner.workload import Environment, WorkloadKey
-
-PG_ADMIN_URL = os.environ.get("WS_TUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
-
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[URL]:
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    name = f"ws_tune_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        pytest.skip(f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
-                    f"(set WS_TUNE_TEST_PG_URL): {' '.join(str(exc.orig).split())}")
-    try:
-        yield make_url(PG_ADMIN_URL).set(database=name)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture
-def pg_url(pg_database: URL) -> Iterator[str]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(pg_database)
-    with engine.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield pg_database.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    """The URL of an empty database: a SQLite file, or a PostgreSQL schema."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ws-tune.db'}"
-    return request.getfixturevalue("pg_url")
-
-
-@pytest.fixture
-def open_db() -> Iterator[Callable[[str], Store]]:
-    """Opens stores and closes them after the test (their pools would hold connections)."""
-    stores: list[Store] = []
-
-    def _open(url: str) -> Store:
-        stores.append(Store(url))
-        return stores[-1]
-
-    yield _open
-    for store in stores:
-        store.close()
-
 
 @pytest.fixture
 def store(db_url: str, open_db: Callable[[str], Store]) -> Store:

@@ -1,0 +1,2 @@
+PROBLEM = {"M": None
+def kernel(:

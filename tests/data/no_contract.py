@@ -1,0 +1,2 @@
+"""Has a PROBLEM but not the rest of the contract."""
+PROBLEM = {"M": None}

@@ -1,0 +1,1 @@
+raise RuntimeError("this kernel file fails when imported")

@@ -1,0 +1,80 @@
+"""The builder on real tilelang passes and real nvcc: every outcome is data."""
+
+from __future__ import annotations
+
+import pytest
+
+from ws_tuner.builder import BuildInput, LocalBuilder
+from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.result import Status
+from ws_tuner.schedule import Role, Sync
+
+PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "swizzle": 8}
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty tilelang kernel cache for the spawned workers: compiles are real."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))
+
+
+@pytest.fixture(scope="module")
+def seed(gemm_task):
+    return gemm_task.space().seed_candidate(tuple(sorted(PARAMS.items())))
+
+
+def _input(task, candidate):
+    return BuildInput(str(task.spec.path), task.spec.source_hash, task.problem, candidate)
+
+
+@pytest.mark.slow
+def test_outcomes_are_data(gemm_task, seed, fresh_cache):
+    s = seed.schedule
+    loop = s.scopes[0]
+    # The consumer never releases: the verifier refuses, and nvcc never runs.
+    no_release = tuple((role, tuple(i for i in body if not (isinstance(i, Sync) and i.kind == "CONSUMER_RELEASE"))) for role, body in loop.bodies)
+    broken = Candidate.make(PARAMS, s.with_(scopes=(loop.__class__(loop.id, no_release),) + s.scopes[1:]))
+    # Twelve consumer warps cannot split a 128x256 tile: tilelang's lowering refuses.
+    unsplittable = Candidate.make(PARAMS, s.with_(num_warps=16, roles=(Role("Consumer", 0, 12, 160), Role("Producer", 12, 13, 40))))
+    with LocalBuilder(jobs=2, timeout=240) as builder:
+        results = builder.build([_input(gemm_task, c) for c in (seed, broken, unsplittable)])
+    by = {r.candidate.hash: r for r in results}
+    assert by[seed.hash].status is Status.BUILT, by[seed.hash].message
+    assert by[broken.hash].status is Status.REJECTED
+    assert "pipeline smem" in by[broken.hash].message and "\n" not in by[broken.hash].message
+    assert by[broken.hash].seconds < 2.0  # milliseconds of verification, no compile
+    assert by[unsplittable.hash].status is Status.COMPILE_ERROR
+    assert "warp partition" in by[unsplittable.hash].message
+
+
+@pytest.mark.slow
+def test_ptxas_failure_is_a_compile_error_with_its_line(gemm_spec, fresh_cache):
+    from ws_tuner.task import Task
+
+    gemm_task = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096"))
+    params = {**PARAMS, "block_M": 192}
+    seed = gemm_task.space().seed_candidate(tuple(sorted(params.items())))
+    three_groups = Candidate.make(params, seed.schedule.with_(num_warps=16, roles=(Role("Consumer", 0, 12, 160), Role("Producer", 12, 13, 40))))
+    with LocalBuilder(jobs=1, timeout=240) as builder:
+        (result,) = builder.build([_input(gemm_task, three_groups)])
+    assert result.status is Status.COMPILE_ERROR
+    assert "ptxas" in result.message and "registers" in result.message
+
+
+@pytest.mark.slow
+def test_timeout_kills_the_worker_and_the_pool_goes_on(gemm_task, seed, fresh_cache):
+    default = Candidate.make(PARAMS, None, Lowering.DEFAULT)
+    with LocalBuilder(jobs=1, timeout=0.5) as builder:
+        (slow,) = builder.build([_input(gemm_task, seed)])
+        assert slow.status is Status.COMPILE_TIMEOUT and "0.5 s" in slow.message
+        builder.timeout = 240
+        (after,) = builder.build([_input(gemm_task, default)])
+    assert after.status is Status.BUILT, after.message
+
+
+def test_changed_kernel_file_is_refused(gemm_task, seed):
+    from ws_tuner.builder import build_one
+
+    stale = BuildInput(str(gemm_task.spec.path), "0" * 64, gemm_task.problem, seed)
+    result = build_one(stale)
+    assert result.status is Status.COMPILE_ERROR and "changed while tuning" in result.message
