@@ -109,7 +109,10 @@ def tune(
     if strategy not in search.KINDS:
         raise _fail(f"unknown strategy {strategy!r}; choose one of {', '.join(search.KINDS)}")
     task = _task(file, shape, param)
-    task.space().count()  # kernel or shape errors surface here, before the database is touched
+    count = task.space().count()  # kernel or shape errors surface here, before the database is touched
+    if not count.kept:
+        reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
+        raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
     store = open_store(db)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")

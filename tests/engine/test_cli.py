@@ -1,0 +1,96 @@
+"""The ws-tune command line, run as a real subprocess: results, and bad input
+as one line with exit code 2 and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHAPE = "M=4096,N=4096,K=4096"
+
+
+def ws_tune(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full_env = {**os.environ, "WS_TUNE_DB": "", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ws_tuner", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=full_env)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str, code: int = 2) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and needle in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["{data}/bad_syntax.py", "--shape", SHAPE], "cannot import"),
+        (["{data}/raises_on_import.py", "--shape", SHAPE], "fails when imported"),
+        (["{data}/no_contract.py", "--shape", SHAPE], "lacks PARAMS, kernel"),
+        (["{data}/missing.py", "--shape", SHAPE], "does not exist"),
+        (["{example}", "--shape", "M=4096,N=4096"], "missing K"),
+        (["{example}", "--shape", "M=4096,N=lots,K=4096"], "not a number"),
+        (["{example}", "--shape", "M=4096,N=4096,K=4096,Q=1"], "unknown problem argument 'Q'"),
+        (["{example}", "--shape", "M=4096,N=4096,K=-8"], "must be positive"),
+        (["{example}", "--shape", "M=4096,N=4096,K=4096,dtype=float64"], "not one of"),
+        (["{example}", "--shape", SHAPE, "--param", "block_Q=64"], "unknown kernel parameter 'block_Q'"),
+        (["{example}", "--shape", "M4096"], "KEY=VALUE"),
+        (["{example}", "--shape", SHAPE, "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "127.0.0.1:1"),
+        (["{example}", "--shape", SHAPE, "--db", "/proc/ws-tune/results.db"], "/proc/ws-tune"),
+        (["{example}", "--shape", SHAPE, "--strategy", "annealing"], "unknown strategy"),
+        (["{example}", "--shape", "M=100,N=4096,K=4096"], "no candidate survives"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, example_path):
+    db = tmp_path / "results.db"
+    args = [a.format(data=data_dir, example=example_path) for a in args]
+    if "--db" not in args:
+        args += ["--db", str(db)]
+    assert_one_line_error(ws_tune(*args, "--compile-only"), needle)
+    assert not db.exists()  # bad input never reaches the database
+
+
+def test_space_prints_axes_and_counts(example_path):
+    proc = ws_tune("space", str(example_path), "--shape", SHAPE)
+    assert proc.returncode == 0, proc.stderr
+    assert "nreg.consumer" in proc.stdout and "pipelines" in proc.stdout
+    before, after = map(int, __import__("re").search(r"candidates: (\d+) before pruning, (\d+) after", proc.stdout).groups())
+    assert before > after > 10_000
+
+
+@pytest.mark.slow
+def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
+    db = tmp_path / "results.db"
+    args = [str(example_path), "--shape", SHAPE, "--budget", "2", "--jobs", "2", "--db", str(db), "--compile-only", "--param", "block_M=128,block_N=256,epilogue=direct,swizzle=8"]
+    first = ws_tune(*args)
+    assert first.returncode == 0, first.stderr
+    assert "compile-only" in first.stdout and "built" in first.stdout
+    again = ws_tune(*args)
+    assert again.returncode == 0, again.stderr
+    assert "(5 reused from the store)" in again.stdout  # 3 baselines + 2 searched, nothing rebuilt
+
+
+def test_best_without_results_exits_1(tmp_path, example_path):
+    proc = ws_tune("best", str(example_path), "--shape", SHAPE, "--db", str(tmp_path / "r.db"))
+    assert_one_line_error(proc, "no timed result stored", code=1)
+
+
+def test_outdated_schema_names_the_upgrade_command(tmp_path, example_path):
+    from sqlalchemy import create_engine, text
+
+    db = tmp_path / "old.db"
+    assert ws_tune("db", "upgrade", "--db", str(db)).returncode == 0
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:  # pretend the database predates this ws-tune's schema
+        conn.execute(text("UPDATE ws_tune_alembic_version SET version_num = 'v0.0.9.a'"))
+    engine.dispose()
+    proc = ws_tune(str(example_path), "--shape", SHAPE, "--db", str(db), "--compile-only")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "ws-tune db upgrade" in proc.stderr or "revision" in proc.stderr
