@@ -118,3 +118,8 @@ def open_db() -> Iterator[Callable[[str], Store]]:
     yield _open
     for store in stores:
         store.close()
+
+
+@pytest.fixture
+def store(db_url: str, open_db: Callable[[str], Store]) -> Store:
+    return open_db(db_url)

@@ -5,6 +5,9 @@
     ws-tune best FILE --shape ...       the best stored schedule, as TileLang code and JSON
     ws-tune export FILE --shape ...     the JSON artifact of a tuning
     ws-tune db upgrade|current          the database schema
+    ws-tune serve [--host H --port P]   the tuning service (REST API; an embedded worker on SQLite)
+    ws-tune worker [--gpu N]            a worker running the service's jobs on one GPU
+    ws-tune token create|list|revoke    API tokens of the service
 
 Bad input is one line on stderr and exit code 2; never a traceback.
 """
@@ -35,6 +38,7 @@ EXIT_NOT_FOUND = 1
 
 ShapeOpt = typer.Option(..., "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]")
 ParamOpt = typer.Option(None, "--param", "-p", help="Pin kernel parameters, e.g. block_M=128,swizzle=8")
+SpaceOpt = typer.Option(None, "--space", help="Axis values of the schedule space, as TOML (see configs/space-focused.toml)")
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")
 
 
@@ -68,12 +72,14 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _task(file: Path, shape: str, param: Optional[str]) -> Any:
+def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = None) -> Any:
     from .kernel import load_kernel
+    from .space import SpaceConfig
     from .task import Task
 
     spec = load_kernel(file)
-    return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param))
+    config = SpaceConfig.from_toml(space) if space else None
+    return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param), config)
 
 
 # --- tune -------------------------------------------------------------------
@@ -85,6 +91,7 @@ def tune(
     file: Path = typer.Argument(..., help="Kernel file (see examples/gemm.py and ws_tuner/kernel.py)"),
     shape: str = ShapeOpt,
     param: Optional[str] = ParamOpt,
+    space_config: Optional[Path] = SpaceOpt,
     budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop searching after this many seconds"),
     strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
@@ -108,7 +115,7 @@ def tune(
         raise _fail("--budget must be >= 0 and --jobs >= 1")
     if strategy not in search.KINDS:
         raise _fail(f"unknown strategy {strategy!r}; choose one of {', '.join(search.KINDS)}")
-    task = _task(file, shape, param)
+    task = _task(file, shape, param, space_config)
     count = task.space().count()  # kernel or shape errors surface here, before the database is touched
     if not count.kept:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
@@ -187,11 +194,13 @@ def _print_report(report: Any, task: Any) -> None:
 
 @app.command()
 @handles_errors
-def space(file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt) -> None:
+def space(
+    file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
+) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
     import time
 
-    task = _task(file, shape, param)
+    task = _task(file, shape, param, space_config)
     sp = task.space()
     start = time.perf_counter()
     count = sp.count()
@@ -299,6 +308,119 @@ def db_current(db: Optional[str] = DbOpt) -> None:
     from .store import current_revision, head_revision, resolve_db_url
 
     out.print(f"database: {current_revision(resolve_db_url(db)) or 'empty'}; this ws-tune: {head_revision()}")
+
+
+# --- the service: serve, worker, token --------------------------------------------
+
+token_app = typer.Typer(add_completion=False, no_args_is_help=True, help="API tokens of the service.")
+app.add_typer(token_app, name="token")
+
+
+@app.command()
+@handles_errors
+def serve(
+    host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default 127.0.0.1; others need a token)"),
+    port: Optional[int] = typer.Option(None, "--port", help="Port (default 8000)"),
+    db: Optional[str] = DbOpt,
+    workers: Optional[int] = typer.Option(None, "--workers", help="Embedded tuning workers (default: 1 on SQLite, 0 on PostgreSQL)"),
+    http_workers: Optional[int] = typer.Option(None, "--http-workers", help="uvicorn worker processes"),
+    kernel_dir: Optional[list[Path]] = typer.Option(None, "--kernel-dir", help="Register the kernel files of this directory (repeatable)"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+    worker_runner: Optional[str] = typer.Option(None, "--worker-runner", hidden=True),
+    worker_builder: Optional[str] = typer.Option(None, "--worker-builder", hidden=True),
+    worker_space: Optional[str] = typer.Option(None, "--worker-space", hidden=True),
+) -> None:
+    """Run the tuning service: the REST API (/api/v1, docs at /docs) and, on SQLite, a worker."""
+    from .server.config import load_settings
+    from .server.service import serve as run_server
+
+    settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers,
+                             kernel_dirs=[p.resolve() for p in kernel_dir] if kernel_dir else None)  # fmt: skip
+    args = [f"--{k}={v}" for k, v in (("runner", worker_runner), ("builder", worker_builder), ("space", worker_space)) if v]
+    run_server(settings, worker_args=args, access_log=access_log)
+
+
+@app.command()
+@handles_errors
+def worker(
+    gpu: Optional[int] = typer.Option(None, "--gpu", help="GPU index to time on"),
+    db: Optional[str] = DbOpt,
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Parallel compile processes"),
+    compile_timeout: float = typer.Option(300.0, "--compile-timeout", help="Seconds per compile"),
+    run_timeout: float = typer.Option(60.0, "--run-timeout", help="Seconds per GPU check + timing"),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="On SIGTERM, seconds to finish the candidates in flight"),
+    heartbeat: Optional[float] = typer.Option(None, "--heartbeat", help="Seconds between heartbeats"),
+    grace: Optional[float] = typer.Option(None, "--grace", help="A trial whose heartbeat is older is re-queued"),
+    poll: Optional[float] = typer.Option(None, "--poll", hidden=True),
+    runner: str = typer.Option("auto", "--runner", hidden=True, help="auto, local, dummy (test double) or none"),
+    builder: str = typer.Option("local", "--builder", hidden=True, help="local, verify-only or fake"),
+    space_kind: str = typer.Option("kernel", "--space", hidden=True, help="kernel or fake"),
+    runner_delay: float = typer.Option(0.0, "--runner-delay", hidden=True),
+    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", hidden=True),
+) -> None:
+    """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
+    from .server.config import load_settings
+    from .server.service import run_worker
+    from .server.worker import WorkerOptions
+
+    if jobs < 1:
+        raise _fail("--jobs must be >= 1")
+    settings = load_settings(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
+    options = WorkerOptions(gpu=gpu, runner=runner, builder=builder, space=space_kind, jobs=jobs, compile_timeout=compile_timeout,
+                            run_timeout=run_timeout, runner_delay=runner_delay, exit_when_idle=exit_when_idle)  # fmt: skip
+    run_worker(settings, options)
+
+
+@token_app.command("create")
+@handles_errors
+def token_create(
+    name: str = typer.Option("default", "--name", help="A label for listings"),
+    scope: Optional[list[str]] = typer.Option(None, "--scope", help="read, jobs:write, kernels:upload, admin (repeatable; default read,jobs:write)"),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Create an API token and print it, once: only its hash is stored."""
+    from .server.security import display_prefix, generate_token, hash_token, parse_scopes
+    from .store import open_store
+    from .store.registry import Registry
+
+    scopes = parse_scopes(scope)
+    token = generate_token()
+    with open_store(db) as store:
+        record = Registry(store).add_token(name=name, token_hash=hash_token(token), prefix=display_prefix(token), scopes=scopes)
+    err.print(f"token {record.id} ({record.name}; scopes {' '.join(record.scopes)}): shown once, store it now")
+    out.print(token)
+
+
+@token_app.command("list")
+@handles_errors
+def token_list(db: Optional[str] = DbOpt, all_: bool = typer.Option(False, "--all", help="Include revoked tokens")) -> None:
+    """List tokens (their prefixes and scopes; tokens themselves are not stored)."""
+    from .store import open_store
+    from .store.registry import Registry
+
+    with open_store(db) as store:
+        records = Registry(store).list_tokens(include_revoked=all_)
+    table = Table(title="API tokens")
+    for col in ("id", "name", "prefix", "scopes", "created", "revoked"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(str(r.id), r.name, r.prefix + "...", " ".join(r.scopes), f"{r.created_at:%Y-%m-%d %H:%M}",
+                      f"{r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "")  # fmt: skip
+    out.print(table)
+
+
+@token_app.command("revoke")
+@handles_errors
+def token_revoke(ident: str = typer.Argument(..., help="Token id or prefix"), db: Optional[str] = DbOpt) -> None:
+    """Revoke a token (servers notice within a few seconds)."""
+    from .store import open_store
+    from .store.registry import Registry
+
+    with open_store(db) as store:
+        n = Registry(store).revoke_token(ident)
+    if not n:
+        raise _fail(f"no active token {ident!r}", EXIT_NOT_FOUND)
+    out.print(f"revoked {n} token(s)")
 
 
 # --- entry point --------------------------------------------------------------

@@ -19,8 +19,10 @@ buffer sizes, which op touches which buffer) arrives as a ``PointInfo``.
 from __future__ import annotations
 
 import itertools
+import tomllib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .candidate import Candidate
@@ -66,6 +68,19 @@ class SpaceConfig:
     producer_nreg: tuple[int, ...] = (24, 40, 56)
     consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240, 256)
     smem_limit: int = SMEM_LIMIT
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "SpaceConfig":
+        """Axis values from a TOML file (see configs/); unknown keys are an error."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot read space config {path}: {exc}") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown space setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
 
     def __post_init__(self) -> None:
         for n in self.producer_nreg + self.consumer_nreg:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +17,17 @@ class Task:
     spec: KernelSpec
     problem: dict[str, Any]
     param_grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    space_config: SpaceConfig = field(default_factory=SpaceConfig)
 
     @classmethod
-    def make(cls, spec: KernelSpec, problem: dict[str, Any], param_grid: dict[str, tuple[Any, ...]] | None = None) -> "Task":
-        return cls(spec, problem, dict(param_grid or spec.params))
+    def make(
+        cls,
+        spec: KernelSpec,
+        problem: dict[str, Any],
+        param_grid: dict[str, tuple[Any, ...]] | None = None,
+        space_config: SpaceConfig | None = None,
+    ) -> "Task":
+        return cls(spec, problem, dict(param_grid or spec.params), space_config or SpaceConfig())
 
     def primfunc(self, params: dict[str, Any]) -> Any:
         try:
@@ -36,13 +44,18 @@ class Task:
             op_buffers=compiler.op_buffers(prepared),
         )
 
-    def space(self, config: SpaceConfig | None = None) -> ScheduleSpace:
+    @functools.cached_property
+    def _space(self) -> ScheduleSpace:
         return ScheduleSpace(
             param_grid=self.param_grid,
             point_info=self.point_info,
             check=lambda params, schedule: self.spec.check(self.problem, params, schedule),
-            config=config or SpaceConfig(),
+            config=self.space_config,
         )
+
+    def space(self) -> ScheduleSpace:
+        """The schedule space of this task (built once: it caches the seeds it has derived)."""
+        return self._space
 
     def lowered(self, candidate: Candidate) -> tuple[Any, dict[str, Any]]:
         """The PrimFunc (schedule attached) and pass configs that build the candidate."""
@@ -51,8 +64,7 @@ class Task:
 
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering and role_based, at one point."""
-        space = self.space()
-        seed = space.seed_candidate(tuple(sorted(params.items())))
+        seed = self.space().seed_candidate(tuple(sorted(params.items())))
         out = [Candidate.make(params, None, Lowering.DEFAULT), Candidate.make(params, None, Lowering.ROLE_BASED)]
         return ([seed] if isinstance(seed, Candidate) else []) + out
 

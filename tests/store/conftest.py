@@ -18,11 +18,6 @@ from ws_tuner.schedule import ROOT_SCOPE, Pipeline, Role, Schedule, Scope, Sync
 from ws_tuner.store import Store
 from ws_tuner.workload import Environment, WorkloadKey
 
-@pytest.fixture
-def store(db_url: str, open_db: Callable[[str], Store]) -> Store:
-    return open_db(db_url)
-
-
 # --- factories ----------------------------------------------------------------
 
 ENV = Environment(arch="sm_90a", device="NVIDIA H200", tilelang_version="0.1.15", cuda_version="12.8", driver_version="570.1")

@@ -19,14 +19,17 @@ from ws_tuner.store import SchemaOutdatedError, Store, StoreError, current_revis
 from ws_tuner.store import repository
 from ws_tuner.store.models import VERSION_TABLE, Base
 
-WS_TABLES = {"ws_tune_workloads", "ws_tune_candidates", "ws_tune_trials", VERSION_TABLE}
+WS_TABLES = {"ws_tune_workloads", "ws_tune_candidates", "ws_tune_trials", VERSION_TABLE,
+             # v0.2.0.a: the service
+             "ws_tune_kernels", "ws_tune_tokens", "ws_tune_jobs", "ws_tune_job_trials", "ws_tune_workers"}
+HEAD = "v0.2.0.a"
 
 NEXT_REVISION = '''
 import sqlalchemy as sa
 from alembic import op
 
-revision = "v0.2.0.a"
-down_revision = "v0.1.0.a"
+revision = "v9.0.0.test"
+down_revision = "v0.2.0.a"
 branch_labels = None
 depends_on = None
 
@@ -63,7 +66,7 @@ def _execute(url: str, *statements: str) -> list[Any]:
 def test_fresh_database_is_migrated_on_open(db_url: str, open_db: Callable[[str], Store]) -> None:
     assert current_revision(db_url) is None and _tables(db_url) == set()
     open_db(db_url)
-    assert current_revision(db_url) == head_revision() == "v0.1.0.a"
+    assert current_revision(db_url) == head_revision() == HEAD
     assert _tables(db_url) == WS_TABLES
     open_db(db_url)  # reopening at head is a no-op
     assert upgrade(db_url) == head_revision()
@@ -87,7 +90,7 @@ def test_models_match_migrations(db_url: str, open_db: Callable[[str], Store]) -
 def test_outdated_schema_is_refused_until_upgraded(
     db_url: str, open_db: Callable[[str], Store], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factories: Any
 ) -> None:
-    store = open_db(db_url)  # at v0.1.0.a
+    store = open_db(db_url)  # at HEAD
     wid = store.workload_id(factories.key())
     cand = factories.candidate(0)
     store.commit_trial(workload_id=wid, candidate=cand, result=factories.result(cand))
@@ -97,15 +100,15 @@ def test_outdated_schema_is_refused_until_upgraded(
     shutil.copytree(repository.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
     (migrations / "versions" / "v0_2_0_test.py").write_text(NEXT_REVISION)
     monkeypatch.setattr(repository, "MIGRATIONS_DIR", migrations)
-    assert head_revision() == "v0.2.0.a"
+    assert head_revision() == "v9.0.0.test"
 
     with pytest.raises(SchemaOutdatedError) as info:
         Store(db_url)
     message = str(info.value)
-    assert "\n" not in message and "v0.1.0.a" in message and "v0.2.0.a" in message
-    assert "ws-tune db upgrade --db" in message and info.value.current == "v0.1.0.a"
+    assert "\n" not in message and HEAD in message and "v9.0.0.test" in message
+    assert "ws-tune db upgrade --db" in message and info.value.current == HEAD
 
-    assert Store.upgrade(db_url) == "v0.2.0.a"
+    assert Store.upgrade(db_url) == "v9.0.0.test"
     upgraded = open_db(db_url)
     assert upgraded.get_trial(workload_id=wid, candidate_hash=cand.hash) is not None  # data survived
     engine = create_engine(db_url)

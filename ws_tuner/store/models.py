@@ -11,14 +11,15 @@ the canonical text is what ws-tune hashes, and PostgreSQL's JSON/JSONB would
 reorder or reformat it, so a read-back could no longer be checked against the
 stored hash. Text also reads back identically on SQLite and PostgreSQL.
 
-Only ``repository.py`` queries these models.
+Only the store package (``repository.py``, ``queue.py``, ``registry.py``)
+queries these models.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, false, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Hex digests are at most 64 chars (sha256); today's hashes are truncated to 20
@@ -27,6 +28,8 @@ MAX_HASH_LENGTH = 64
 MAX_NAME_LENGTH = 256  # kernel names, device names, version strings
 MAX_ARCH_LENGTH = 32  # "sm_90a"
 MAX_ENUM_LENGTH = 32  # Status and Lowering values
+MAX_SCOPES_LENGTH = 256  # space-separated token scopes
+MAX_WORKER_ID_LENGTH = 64  # uuid4 hex, with room to spare
 
 # Alembic's default version table is "alembic_version", which Optuna's RDBStorage
 # also uses; both tools may share one database, so ws-tune keeps its own.
@@ -127,3 +130,140 @@ class TrialModel(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now(), onupdate=func.now()
     )
+
+
+# --- the service (v0.2.0.a): kernels, tokens, jobs, job trials, workers ---------
+
+
+class KernelModel(Base):
+    """Kernel source, content-addressed by sha256: files registered from the
+    server's kernel directories and sources uploaded over the API. Workers on
+    any host read the source from here; the API server only stores it."""
+
+    __tablename__ = TABLE_PREFIX + "kernels"
+    __table_args__ = (UniqueConstraint("sha256", name="uq_ws_tune_kernels_sha256"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(MAX_HASH_LENGTH), nullable=False)
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), nullable=False, index=True)  # the file stem
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    # Canonical JSON {"defaults": PROBLEM, "choices": CHOICES} read from a registered
+    # file's literals (never by importing it); NULL for uploads, which are not parsed.
+    problem: Mapped[str | None] = mapped_column(Text, nullable=True)
+    registered: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = _created_at()
+
+
+class TokenModel(Base):
+    """API tokens. Only the sha256 of a token is stored; the token itself is
+    printed once, when it is created."""
+
+    __tablename__ = TABLE_PREFIX + "tokens"
+    __table_args__ = (UniqueConstraint("token_hash", name="uq_ws_tune_tokens_token_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), nullable=False)
+    token_hash: Mapped[str] = mapped_column(String(MAX_HASH_LENGTH), nullable=False)
+    prefix: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)  # shown in listings
+    scopes: Mapped[str] = mapped_column(String(MAX_SCOPES_LENGTH), nullable=False)  # space-separated
+    created_at: Mapped[datetime] = _created_at()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class JobModel(Base):
+    """A tuning job: one kernel at one problem, a budget of search trials.
+
+    Workers share a job: each search trial is a *slot* claimed atomically
+    (``slots_claimed < budget``), so however many workers join, the job never
+    measures more than ``budget`` search candidates."""
+
+    __tablename__ = TABLE_PREFIX + "jobs"
+    __table_args__ = (Index("ix_ws_tune_jobs_state_id", "state", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)  # queued/running/succeeded/failed/cancelled
+    kernel_id: Mapped[int] = mapped_column(ForeignKey(TABLE_PREFIX + "kernels.id"), nullable=False)
+    kernel: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), nullable=False)
+    problem: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON, full when problem_checked
+    problem_checked: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    params: Mapped[str | None] = mapped_column(Text, nullable=True)  # pinned kernel parameters, "k=v,..."
+    strategy: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)
+    seed: Mapped[int] = mapped_column(Integer, nullable=False)
+    budget: Mapped[int] = mapped_column(Integer, nullable=False)
+    time_budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baselines: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    # Pinned by the first worker that starts the job: one job is one workload.
+    device: Mapped[str | None] = mapped_column(String(MAX_NAME_LENGTH), nullable=True)
+    workload_id: Mapped[int | None] = mapped_column(
+        ForeignKey(TABLE_PREFIX + "workloads.id", ondelete="SET NULL"), nullable=True
+    )
+    slots_claimed: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    exhausted: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())  # the space ran dry
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_by: Mapped[int | None] = mapped_column(
+        ForeignKey(TABLE_PREFIX + "tokens.id", ondelete="SET NULL"), nullable=True
+    )
+    created_at: Mapped[datetime] = _created_at()
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class JobTrialModel(Base):
+    """One slot of a job: a search trial (``slot`` = 0..budget-1) or a baseline
+    (``slot`` NULL), leased to one worker at a time.
+
+    A RUNNING slot has an owner, a heartbeat (DB clock) and an ``epoch``, the
+    fencing token: every hand-over (expiry, hand-back) bumps it, and a result is
+    accepted only with the epoch it was claimed under, so a worker that lost its
+    lease cannot record a late result. The measured outcome itself goes to
+    ``ws_tune_trials`` in the same transaction."""
+
+    __tablename__ = TABLE_PREFIX + "job_trials"
+    __table_args__ = (
+        UniqueConstraint("job_id", "slot", name="uq_ws_tune_job_trials_job_slot"),
+        # One candidate per job: two workers proposing the same point cannot both measure it.
+        UniqueConstraint("job_id", "candidate_hash", name="uq_ws_tune_job_trials_job_candidate"),
+        Index("ix_ws_tune_job_trials_job_state", "job_id", "state"),
+        Index("ix_ws_tune_job_trials_state_heartbeat", "state", "heartbeat_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey(TABLE_PREFIX + "jobs.id", ondelete="CASCADE"), nullable=False)
+    slot: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kind: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)  # search/baseline
+    state: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)  # queued/running/done/failed/cancelled
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    epoch: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    worker_id: Mapped[str | None] = mapped_column(String(MAX_WORKER_ID_LENGTH), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    candidate_hash: Mapped[str | None] = mapped_column(String(MAX_HASH_LENGTH), nullable=True)
+    candidate: Mapped[str | None] = mapped_column(Text, nullable=True)  # canonical JSON, for retries on any worker
+    decisions: Mapped[str | None] = mapped_column(Text, nullable=True)  # the sampler's view (JSON)
+    optuna_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # trial number in the job's study
+    workload_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str | None] = mapped_column(String(MAX_ENUM_LENGTH), nullable=True)  # a result.Status value
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = _created_at()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class WorkerModel(Base):
+    """A worker process, for listings and readiness; its liveness is its heartbeat."""
+
+    __tablename__ = TABLE_PREFIX + "workers"
+
+    id: Mapped[str] = mapped_column(String(MAX_WORKER_ID_LENGTH), primary_key=True)
+    host: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    gpu: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    device: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), nullable=False)
+    state: Mapped[str] = mapped_column(String(MAX_ENUM_LENGTH), nullable=False)  # running/draining/stopped/lost
+    job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[datetime] = _created_at()
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

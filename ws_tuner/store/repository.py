@@ -1,4 +1,6 @@
-"""The ws-tune store: the only module that issues SQL.
+"""The ws-tune store. SQL lives in the store package only: this module (results),
+``queue.py`` (the service's jobs, slots and workers) and ``registry.py``
+(kernels, API tokens, best-schedule lookups); both build on ``Store``.
 
 Contracts (callers rely on these):
 
@@ -340,6 +342,53 @@ def _trials() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
 
+def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate: Candidate, result: TrialResult) -> StoredTrial:
+    """``Store.commit_trial``'s statements inside the caller's transaction (the job
+    queue records a trial and closes its slot in one transaction)."""
+    if result.candidate_hash != candidate.hash:
+        raise ValueError(f"result is for candidate {result.candidate_hash}, not {candidate.hash}")
+    data = candidate.to_json()
+    timing = result.timing
+    values = {
+        "status": Status(result.status).value,
+        "message": result.message,
+        "build_seconds": result.build_seconds,
+        "median_ms": timing.median_ms if timing else None,
+        "p20_ms": timing.p20_ms if timing else None,
+        "p80_ms": timing.p80_ms if timing else None,
+        "reps": timing.reps if timing else None,
+        "tflops": result.tflops,
+        "info": _dumps(result.info),
+    }
+    # Candidates are immutable and shared across workloads: insert once, never update.
+    session.execute(
+        insert(CandidateModel)
+        .values(
+            hash=candidate.hash,
+            lowering=data["lowering"],
+            params=canonical_json(data["params"]),
+            schedule=canonical_json(data["schedule"]) if data["schedule"] is not None else None,
+        )
+        .on_conflict_do_nothing(index_elements=["hash"])
+    )
+    candidate_id = session.scalar(select(CandidateModel.id).where(CandidateModel.hash == candidate.hash))
+    # A single atomic upsert rather than read-then-write: two workers
+    # committing the same trial cannot both insert.
+    stmt = insert(TrialModel).values(workload_id=workload_id, candidate_id=candidate_id, **values)
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["workload_id", "candidate_id"],
+            # ON CONFLICT skips ORM onupdate hooks, so updated_at is set here.
+            set_={**{name: stmt.excluded[name] for name in values}, "updated_at": func.now()},
+            where=or_(stmt.excluded.status != Status.BUILT.value, TrialModel.status == Status.BUILT.value),
+        )
+    )
+    trial, cand = session.execute(
+        _trials().where(TrialModel.workload_id == workload_id, TrialModel.candidate_id == candidate_id)
+    ).one()
+    return _to_stored(trial, cand)
+
+
 class Store:
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
@@ -434,6 +483,11 @@ class Store:
         insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
         return insert(model)
 
+    @property
+    def dialect(self) -> str:
+        """"postgresql" or "sqlite"."""
+        return self._engine.dialect.name
+
     # --- workloads ------------------------------------------------------------
 
     def _lookup_workload(self, key_hash: str) -> int | None:
@@ -486,49 +540,8 @@ class Store:
         a build failure): re-building a resumed candidate must not erase its timing.
         Returns what is stored afterwards.
         """
-        if result.candidate_hash != candidate.hash:
-            raise ValueError(f"result is for candidate {result.candidate_hash}, not {candidate.hash}")
-        data = candidate.to_json()
-        timing = result.timing
-        values = {
-            "status": Status(result.status).value,
-            "message": result.message,
-            "build_seconds": result.build_seconds,
-            "median_ms": timing.median_ms if timing else None,
-            "p20_ms": timing.p20_ms if timing else None,
-            "p80_ms": timing.p80_ms if timing else None,
-            "reps": timing.reps if timing else None,
-            "tflops": result.tflops,
-            "info": _dumps(result.info),
-        }
         with self.session_scope() as session:
-            # Candidates are immutable and shared across workloads: insert once, never update.
-            session.execute(
-                self._insert(CandidateModel)
-                .values(
-                    hash=candidate.hash,
-                    lowering=data["lowering"],
-                    params=canonical_json(data["params"]),
-                    schedule=canonical_json(data["schedule"]) if data["schedule"] is not None else None,
-                )
-                .on_conflict_do_nothing(index_elements=["hash"])
-            )
-            candidate_id = session.scalar(select(CandidateModel.id).where(CandidateModel.hash == candidate.hash))
-            # A single atomic upsert rather than read-then-write: two workers
-            # committing the same trial cannot both insert.
-            insert = self._insert(TrialModel).values(workload_id=workload_id, candidate_id=candidate_id, **values)
-            session.execute(
-                insert.on_conflict_do_update(
-                    index_elements=["workload_id", "candidate_id"],
-                    # ON CONFLICT skips ORM onupdate hooks, so updated_at is set here.
-                    set_={**{name: insert.excluded[name] for name in values}, "updated_at": func.now()},
-                    where=or_(insert.excluded.status != Status.BUILT.value, TrialModel.status == Status.BUILT.value),
-                )
-            )
-            trial, cand = session.execute(
-                _trials().where(TrialModel.workload_id == workload_id, TrialModel.candidate_id == candidate_id)
-            ).one()
-            return _to_stored(trial, cand)
+            return _upsert_trial(session, self._insert, workload_id=workload_id, candidate=candidate, result=result)
 
     def get_trial(self, *, workload_id: int, candidate_hash: str) -> StoredTrial | None:
         query = _trials().where(TrialModel.workload_id == workload_id, CandidateModel.hash == candidate_hash)

@@ -1,0 +1,117 @@
+"""Tuning orchestration on a real store (SQLite and PostgreSQL) with the
+runner test double and tilelang's real verifier (no nvcc)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ws_tuner import search
+from ws_tuner.candidate import Lowering
+from ws_tuner.result import Status
+from ws_tuner.testing import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder
+from ws_tuner.tune import BASELINE, SEARCH, TuneOptions, Tuner
+
+PINNED = {"block_K": (64,), "block_M": (128,), "block_N": (128, 256), "epilogue": ("direct",), "swizzle": (0, 8)}
+
+
+@pytest.fixture
+def task(gemm_spec):
+    from ws_tuner.task import Task
+
+    return Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), PINNED)
+
+
+class CountingBuilder(VerifyOnlyBuilder):
+    def __init__(self):
+        self.submitted: list[str] = []
+
+    def submit(self, build_input):
+        self.submitted.append(build_input.candidate.hash)
+        return super().submit(build_input)
+
+
+def tune(task, store, *, budget=12, strategy="tpe", runner=None, listener=None, **options):
+    builder = CountingBuilder()
+    tuner = Tuner(task, store=store, builder=builder, runner=runner or DummyRunner(), strategy=search.create(strategy, seed=1),
+                  options=TuneOptions(budget=budget, **options), listener=listener)  # fmt: skip
+    return tuner.run(), builder
+
+
+def test_tunes_stores_and_reports_against_baselines(task, store):
+    report, builder = tune(task, store, budget=12)
+    assert report.key.device == DUMMY_DEVICE
+    stored = store.trials_by_hash(workload_id=report.workload_id)
+    assert len(stored) == len(report.records) == len(builder.submitted)
+    search_records = [r for r in report.records if r.role == SEARCH]
+    assert len(search_records) == 12
+    for kind in ("seed", "default", "role_based", "reference"):
+        assert report.baseline(kind) is not None, kind
+    assert len([r for r in report.records if r.role == BASELINE]) == 3 * 4 + 1  # 4 param points, + the reference
+    best = report.best
+    assert best.candidate.lowering is Lowering.WS
+    assert all(best.result.timing.median_ms <= r.result.timing.median_ms for r in report.records if r.result.timing and r.candidate.lowering is Lowering.WS)
+    # The leaders were re-timed and marked confirmed in the store.
+    assert stored[best.candidate.hash].result.info.get("confirmed") is True
+    assert store.best(key=report.key).candidate == best.candidate
+
+
+def test_rerun_reuses_every_stored_outcome(task, store):
+    first, _ = tune(task, store, budget=10)
+    second, builder = tune(task, store, budget=10)
+    assert builder.submitted == []  # nothing built again
+    assert {r.candidate.hash for r in second.records} == {r.candidate.hash for r in first.records}
+    assert all(r.cached for r in second.records)
+
+
+def test_interrupted_tuning_keeps_results_and_resumes(task, store):
+    seen = []
+
+    def interrupt_after_five(event, record):
+        seen.append(record)
+        if len([r for r in seen if r and r.role == SEARCH]) == 5:
+            raise KeyboardInterrupt
+
+    report, _ = tune(task, store, budget=10, listener=interrupt_after_five)
+    assert report.interrupted
+    kept = store.trials_by_hash(workload_id=report.workload_id)
+    assert len([t for t in kept.values() if t.result.info.get("role") == SEARCH]) == 5
+    resumed, builder = tune(task, store, budget=10)
+    assert not resumed.interrupted
+    assert len([r for r in resumed.records if r.role == SEARCH]) == 10
+    assert len(builder.submitted) == 5  # only what was missing
+
+
+def test_failures_are_recorded_and_never_win(task, store):
+    # Make the seed's neighbourhood fail: every candidate the runner sees first crashes or is wrong.
+    runner = DummyRunner()
+    first, _ = tune(task, store, budget=6, strategy="grid", runner=runner)
+    victims = [r.candidate.hash for r in first.records if r.role == SEARCH][:3]
+    store2_failures = {victims[0]: Status.CRASH, victims[1]: Status.WRONG, victims[2]: Status.TIMEOUT}
+    fresh = DummyRunner(latency=lambda c: 0.01 if c.hash in store2_failures else 1.0, failures=store2_failures)
+    from ws_tuner.task import Task
+
+    other = Task.make(task.spec, {**task.problem, "M": 8192}, PINNED)
+    report, _ = tune(other, store, budget=6, strategy="grid", runner=fresh)
+    statuses = {r.candidate.hash: r.result.status for r in report.records}
+    assert [statuses[h] for h in victims] == [Status.CRASH, Status.WRONG, Status.TIMEOUT]
+    assert report.best.candidate.hash not in victims
+
+
+def test_warm_start_from_the_nearest_problem(task, store):
+    from ws_tuner.task import Task
+
+    first, _ = tune(task, store, budget=8)
+    near = Task.make(task.spec, {**task.problem, "M": 8192}, PINNED)
+    report, builder = tune(near, store, budget=1, baselines=False)
+    warm = [r for r in report.records if r.role == "warm"]
+    assert first.best.candidate in [r.candidate for r in warm]
+
+
+def test_grid_strategy_is_exhaustive(gemm_spec, store):
+    from ws_tuner.space import SpaceConfig
+    from ws_tuner.task import Task
+
+    small = SpaceConfig(consumer_warpgroups=(2,), producer_kinds=("warp",), producer_first=(False,), depths=(2, 3), max_stage_offset=1, producer_nreg=(40,), consumer_nreg=(232,))
+    task = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), PINNED, small)
+    report, _ = tune(task, store, budget=10**6, strategy="grid", baselines=False, confirm_top=0)
+    assert len(report.records) == task.space().count().kept > 10

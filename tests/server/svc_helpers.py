@@ -1,0 +1,36 @@
+"""Helpers shared by the service tests (conftest.py holds the fixtures)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ws_tuner.server.config import Settings
+from ws_tuner.server.worker import WorkerOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+SHAPE = "M=4096,N=4096,K=4096"
+HEARTBEAT, GRACE = 0.3, 1.5
+FAKE = WorkerOptions(runner="dummy", builder="fake", space="fake")
+FAKE_ARGS = ("--runner", "dummy", "--builder", "fake", "--space", "fake")
+
+
+def fast_settings(db_url: str, tmp: Path, **overrides: Any) -> Settings:
+    base: dict[str, Any] = dict(
+        db=db_url, kernel_dirs=[EXAMPLES], heartbeat_interval=HEARTBEAT, grace_period=GRACE, poll_interval=0.1,
+        kernel_cache_dir=tmp / "kernel-cache", best_cache_ttl=0.0, auth_cache_ttl=0.0, drain_timeout=30.0,
+    )  # fmt: skip
+    return Settings(**{**base, **overrides})
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

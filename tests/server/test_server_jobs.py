@@ -1,0 +1,206 @@
+"""The jobs API against a real uvicorn server, on SQLite and PostgreSQL: submit,
+list, progress, trials, cancel; authentication and scopes; bad input is a 4xx
+with one clear message and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import httpx
+import pytest
+from svc_helpers import SHAPE, wait_for
+
+from ws_tuner.store.queue import JobQueue
+
+GOOD = {"kernel": "gemm", "problem": SHAPE, "budget": 12, "strategy": "random"}
+
+
+def _counts(live: Any) -> tuple[int, int]:
+    """(jobs, kernel sources) in the database: what a refused request must not change."""
+    jobs = live.services.queue.list_jobs(limit=1)[1]
+    kernels = live.services.registry.list_kernels(limit=1)[1]
+    return jobs, kernels
+
+
+def test_submit_run_and_inspect_a_job(db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable) -> None:
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    with live.client(token) as client:
+        created = client.post("/jobs", json=GOOD)
+        assert created.status_code == 201, created.text
+        job = created.json()
+        assert job["state"] == "queued" and job["problem"] == {"K": 4096, "M": 4096, "N": 4096, "b_layout": "row", "dtype": "float16"}
+        assert job["problem_checked"] and job["progress"]["budget"] == 12 and job["progress"]["fraction"] == 0.0
+        worker = worker_thread(db_url)
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] == "succeeded" and j, 30, what="the job")
+        assert done["progress"] == {"budget": 12, "claimed": 12, "queued": 0, "running": 0, "done": 12, "failed": 0,
+                                    "cancelled": 0, "fraction": 1.0}  # fmt: skip
+        assert done["device"] == "Dummy H200 (test double)" and done["workload_id"] is not None
+        assert done["best"]["median_ms"] > 0 and len(done["best"]["candidate_hash"]) == 20
+
+        trials = client.get(f"/jobs/{job['id']}/trials", params={"limit": 5}).json()
+        assert trials["count"] == 12 and len(trials["data"]) == 5
+        assert {t["state"] for t in trials["data"]} == {"done"} and [t["slot"] for t in trials["data"]] == [0, 1, 2, 3, 4]
+        hashes = {t["candidate_hash"] for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 500}).json()["data"]}
+        assert len(hashes) == 12  # no candidate measured twice
+
+        listed = client.get("/jobs", params={"state": "succeeded"}).json()
+        assert listed["count"] == 1 and listed["data"][0]["id"] == job["id"]
+        assert client.get("/jobs", params={"state": "queued"}).json() == {"data": [], "count": 0}
+        workers = client.get("/workers", params={"alive": True}).json()
+        assert workers["count"] == 1 and workers["data"][0]["id"] == worker.worker.id
+        ready = client.get("/ready").json()
+        assert ready["status"] == "ready" and ready["schema_revision"] == "v0.2.0.a" and ready["workers_alive"] == 1
+    worker.stop()
+
+
+def test_cancel(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    with live.client(token) as client:
+        job = client.post("/jobs", json=GOOD).json()
+        cancelled = client.post(f"/jobs/{job['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        again = client.post(f"/jobs/{job['id']}/cancel")
+        assert again.status_code == 409 and again.json() == {"detail": f"job {job['id']} is already cancelled"}
+        assert client.post("/jobs/999999/cancel").status_code == 404
+        assert client.get("/jobs/999999").json() == {"detail": "job 999999 not found"}
+        assert client.get("/jobs/999999/trials").status_code == 404
+    # A cancelled job is never claimed.
+    assert JobQueue(live.services.store).claim_job("w", "dev") is None
+
+
+def test_auth_and_scopes(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    live = live_server(db_url)
+    reader = make_token(db_url, "read")
+    writer = make_token(db_url, "jobs:write")
+    uploader = make_token(db_url, "jobs:write", "kernels:upload")
+    source = "PROBLEM = {'M': None}\nPARAMS = {}\n"
+    with live.client() as anonymous:
+        response = anonymous.post("/jobs", json=GOOD)
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert response.json() == {"detail": "missing bearer token (Authorization: Bearer <token>)"}
+        assert anonymous.post("/jobs", json=GOOD, headers={"Authorization": "Bearer wst_nope"}).status_code == 401
+        assert anonymous.post("/jobs", json=GOOD, headers={"Authorization": "Basic abc"}).status_code == 401
+        assert anonymous.post("/jobs/1/cancel").status_code == 401
+        assert anonymous.post("/kernels", json={"name": "k", "source": source}).status_code == 401
+        assert anonymous.get("/jobs").status_code == 200  # reads are public by default
+    with live.client(reader) as client:
+        denied = client.post("/jobs", json=GOOD)
+        assert denied.status_code == 403 and denied.json() == {"detail": "this token lacks the 'jobs:write' scope"}
+    with live.client(writer) as client:
+        # Uploading source is code the workers will run: its own scope.
+        upload = client.post("/jobs", json={**GOOD, "kernel": "mine", "source": source, "problem": "M=64"})
+        assert upload.status_code == 403 and "kernels:upload" in upload.json()["detail"]
+        assert client.post("/kernels", json={"name": "mine", "source": source}).status_code == 403
+        assert client.post("/jobs", json=GOOD).status_code == 201
+    with live.client(uploader) as client:
+        response = client.post("/jobs", json={**GOOD, "kernel": "mine", "source": source, "problem": "M=64"})
+        assert response.status_code == 201, response.text
+        job = response.json()
+        assert job["problem"] == {"M": 64} and job["problem_checked"] is False  # uploads: syntax only
+        kernel = client.post("/kernels", json={"name": "other", "source": source + "# v2\n"})
+        assert kernel.status_code == 201 and kernel.json()["registered"] is False
+        by_hash = client.post("/jobs", json={**GOOD, "kernel": "other", "source_sha256": kernel.json()["sha256"], "problem": "M=8"})
+        assert by_hash.status_code == 201 and by_hash.json()["kernel_sha256"] == kernel.json()["sha256"]
+    # Revocation takes effect (the auth cache is off in these tests).
+    from ws_tuner.store.registry import Registry
+
+    prefix = next(t.prefix for t in Registry(live.services.store).list_tokens() if t.scopes == ("jobs:write",))
+    assert Registry(live.services.store).revoke_token(prefix) == 1
+    with live.client(writer) as client:
+        assert client.post("/jobs", json=GOOD).json() == {"detail": "invalid or revoked token"}
+
+
+def test_private_reads(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    live = live_server(db_url, public_reads=False)
+    token = make_token(db_url, "read")
+    with live.client() as anonymous:
+        assert anonymous.get("/jobs").status_code == 401
+        assert anonymous.get("/health").status_code == 200  # probes stay open
+    with live.client(token) as client:
+        assert client.get("/jobs").status_code == 200
+
+
+BAD: list[tuple[str, Any, int, str]] = [
+    ("malformed JSON", b'{"kernel": "gemm", "problem": ', 400, "malformed JSON body"),
+    ("not an object", b"[1, 2]", 422, "Input should be a valid dictionary"),
+    ("no body", b"", 422, "Field required"),
+    ("unknown field", {**GOOD, "budgett": 3}, 422, "budgett: Extra inputs are not permitted"),
+    ("unknown kernel", {**GOOD, "kernel": "nope"}, 422, "unknown kernel 'nope'"),
+    ("kernel name", {**GOOD, "kernel": "../etc/passwd"}, 422, "kernel: String should match pattern"),
+    ("missing dimension", {**GOOD, "problem": "M=4096,N=4096"}, 422, "problem is missing K"),
+    ("not a number", {**GOOD, "problem": "M=4096,N=lots,K=4096"}, 422, "N='lots' is not a number"),
+    ("unknown argument", {**GOOD, "problem": SHAPE + ",Q=1"}, 422, "unknown problem argument 'Q'"),
+    ("bad choice", {**GOOD, "problem": SHAPE + ",dtype=int3"}, 422, "dtype=int3 is not one of float16, bfloat16"),
+    ("negative size", {**GOOD, "problem": "M=-4096,N=4096,K=4096"}, 422, "M must be positive"),
+    ("float size", {**GOOD, "problem": {"M": 4096.5, "N": 4096, "K": 4096}}, 422, "is not a number"),
+    ("syntax", {**GOOD, "problem": "M4096"}, 422, "problem wants KEY=VALUE pairs"),
+    ("empty problem", {**GOOD, "problem": ""}, 422, "problem"),
+    ("NUL", {**GOOD, "problem": "M=1\x00"}, 422, "NUL"),
+    ("lone surrogate", b'{"kernel": "gemm", "problem": "M=\\ud800", "budget": 3}', 422, "surrogate"),
+    ("zero budget", {**GOOD, "budget": 0}, 422, "budget: Input should be greater than or equal to 1"),
+    ("negative budget", {**GOOD, "budget": -5}, 422, "budget"),
+    ("huge budget", {**GOOD, "budget": 10**12}, 422, "budget"),
+    ("fractional budget", {**GOOD, "budget": 2.5}, 422, "budget"),
+    ("string budget", {**GOOD, "budget": "lots"}, 422, "budget"),
+    ("over the server's limit", {**GOOD, "budget": 5000}, 422, "exceeds this server's limit of 1000"),
+    ("negative time budget", {**GOOD, "time_budget": -1}, 422, "time_budget"),
+    ("strategy", {**GOOD, "strategy": "annealing"}, 422, "strategy"),
+    ("unknown pinned parameter", {**GOOD, "params": "block_Q=1"}, 422, "unknown kernel parameter 'block_Q'"),
+    ("source and hash", {**GOOD, "source": "x = 1\n", "source_sha256": "0" * 64}, 422, "not both"),
+    ("unknown hash", {**GOOD, "source_sha256": "0" * 64}, 422, "no kernel source with sha256"),
+    ("source syntax", {**GOOD, "kernel": "mine", "source": "def broken(:\n"}, 422, "kernel source does not parse: line 1"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in BAD])
+def test_bad_input_is_a_clear_4xx_and_writes_nothing(
+    case: str, db_url: str, live_server: Callable, make_token: Callable
+) -> None:
+    _, body, status, needle = next(c for c in BAD if c[0] == case)
+    live = live_server(db_url, max_budget=1000)
+    token = make_token(db_url, "jobs:write", "kernels:upload")
+    before = _counts(live)
+    with live.client(token) as client:
+        if isinstance(body, bytes):
+            response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+        else:
+            response = client.post("/jobs", content=json.dumps(body), headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and "\n" not in detail and needle in detail, detail
+    assert _counts(live) == before
+
+
+def test_oversized_bodies_get_413(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write", "kernels:upload")
+    before = _counts(live)
+    big = "# " + "x" * (1024 * 1024) + "\n"
+    with live.client(token) as client:
+        response = client.post("/kernels", json={"name": "huge", "source": big})
+        assert response.status_code == 413 and response.json() == {"detail": "request body exceeds 1048576 bytes"}
+        response = client.post("/jobs", json={**GOOD, "kernel": "huge", "source": big})
+        assert response.status_code == 413
+
+        def chunks():  # no Content-Length: the limit holds for streamed bodies too
+            for _ in range(40):
+                yield b"x" * 65536
+
+        response = client.post("/jobs", content=chunks(), headers={"content-type": "application/json"})
+        assert response.status_code == 413
+    assert _counts(live) == before
+
+
+def test_openapi_and_docs(db_url: str, live_server: Callable) -> None:
+    live = live_server(db_url)
+    with httpx.Client(base_url=live.url) as client:
+        spec = client.get("/openapi.json").json()
+        assert client.get("/docs").status_code == 200
+    assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/trials", "/api/v1/jobs/{job_id}/cancel",
+            "/api/v1/best", "/api/v1/kernels", "/api/v1/health", "/api/v1/ready"} <= set(spec["paths"])  # fmt: skip
+    assert spec["paths"]["/api/v1/jobs"]["post"]["operationId"] == "jobs-create_job"
+    assert spec["paths"]["/api/v1/jobs"]["post"]["security"] == [{"HTTPBearer": []}]
+    assert "security" not in spec["paths"]["/api/v1/jobs"]["get"]  # public reads

@@ -1,0 +1,21 @@
+"""The versioned API: one router per resource, mounted under /api/v1."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from ..config import Settings
+from ..deps import require_read
+from .routes import best, health, jobs, kernels, workers
+
+API_PREFIX = "/api/v1"
+
+
+def api_router(settings: Settings) -> APIRouter:
+    """Reads are public unless ``public_reads`` is off; mutations always need their scope."""
+    router = APIRouter(prefix=API_PREFIX)
+    reads = [] if settings.public_reads else [Depends(require_read)]
+    router.include_router(health.router)  # probes never need a token
+    for module in (jobs, best, kernels, workers):
+        router.include_router(module.router, dependencies=reads)
+    return router

@@ -1,0 +1,59 @@
+"""The best known schedule of (kernel, problem, device): the production lookup.
+
+Lean on purpose: answers are served from memory for ``best_cache_ttl``
+seconds as ready-made JSON bytes, a miss is one indexed query, and clients
+revalidate with ``If-None-Match`` (304, no body) using the ETag.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from ...kernels import NAME_PATTERN
+from ...schemas import SHA256_PATTERN, BestPublic, ErrorPublic
+from ...services import Services
+
+router = APIRouter(prefix="/best", tags=["best"])
+
+_TEXT = r"^[^\x00]+$"
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    if if_none_match.strip() == "*":
+        return True
+    bare = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") == bare for tag in if_none_match.split(","))
+
+
+@router.get(
+    "",
+    response_model=BestPublic,
+    responses={
+        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        404: {"model": ErrorPublic, "description": "Nothing timed yet for this kernel, problem and device"},
+        422: {"model": ErrorPublic},
+    },
+)
+async def get_best(
+    request: Request,
+    kernel: Annotated[str, Query(pattern=NAME_PATTERN, description="Kernel name (its file stem)")],
+    problem: Annotated[str, Query(min_length=1, max_length=2048, pattern=_TEXT, description="e.g. M=4096,N=4096,K=4096")],
+    device: Annotated[str, Query(min_length=1, max_length=256, pattern=_TEXT, description="e.g. NVIDIA H200")],
+    source_hash: Annotated[str | None, Query(pattern=SHA256_PATTERN, description="Only this version of the kernel")] = None,
+) -> Response:
+    """The fastest correct stored schedule, whoever measured it (CLI or workers)."""
+    services: Services = request.app.state.services
+    key = (kernel, problem, device, source_hash)
+    answer = services.best_cache.get(key)
+    if answer is None:
+        answer = await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
+    headers = {"Cache-Control": "no-cache"}
+    if answer.etag is not None:
+        headers["ETag"] = answer.etag
+        if_none_match = request.headers.get("if-none-match")
+        if if_none_match and _matches(if_none_match, answer.etag):
+            return Response(status_code=304, headers=headers)
+    return Response(answer.body, status_code=answer.status, headers=headers, media_type="application/json")

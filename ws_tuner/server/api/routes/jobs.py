@@ -1,0 +1,148 @@
+"""Tuning jobs: submit, list, inspect, list trials, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+
+from ....store.queue import FAILED, JobConflict, JobNotFound, JobRecord, JobTrialRecord
+from ... import kernels as kernel_files
+from ...deps import JobsWriter, ServicesDep
+from ...schemas import (
+    ErrorPublic,
+    JobBest,
+    JobCreate,
+    JobProgress,
+    JobPublic,
+    JobsPublic,
+    JobTrialPublic,
+    JobTrialsPublic,
+)
+from ...security import KERNELS_UPLOAD
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Job id")]
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+SlotState = Literal["queued", "running", "done", "failed", "cancelled"]
+_errors = {401: {"model": ErrorPublic}, 403: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
+
+
+def job_public(job: JobRecord) -> JobPublic:
+    counts = job.search_counts
+    finished = counts.get("done", 0) + counts.get(FAILED, 0)
+    progress = JobProgress(
+        budget=job.budget, claimed=job.slots_claimed, queued=job.counts.get("queued", 0),
+        running=job.counts.get("running", 0), done=job.counts.get("done", 0), failed=job.counts.get(FAILED, 0),
+        cancelled=job.counts.get("cancelled", 0), fraction=round(min(finished / job.budget, 1.0), 4) if job.budget else 1.0,
+    )  # fmt: skip
+    return JobPublic(
+        id=job.id, state=job.state, kernel=job.kernel, kernel_sha256=job.kernel_sha256,  # type: ignore[arg-type]
+        problem=job.problem, problem_checked=job.problem_checked, params=job.params, strategy=job.strategy,
+        seed=job.seed, budget=job.budget, time_budget=job.time_budget, baselines=job.baselines, device=job.device,
+        workload_id=job.workload_id, error=job.error, progress=progress,
+        best=JobBest(candidate_hash=job.best_candidate, median_ms=job.best_ms) if job.best_ms is not None else None,
+        created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at, finished_at=job.finished_at,
+    )  # fmt: skip
+
+
+def _trial_public(t: JobTrialRecord) -> JobTrialPublic:
+    return JobTrialPublic(
+        id=t.id, slot=t.slot, kind=t.kind, state=t.state, attempts=t.attempts, worker_id=t.worker_id,
+        candidate_hash=t.candidate_hash, status=t.status, message=t.message, median_ms=t.median_ms, tflops=t.tflops,
+        created_at=t.created_at, finished_at=t.finished_at,
+    )  # fmt: skip
+
+
+def _unprocessable(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=_errors)
+def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) -> JobPublic:
+    """Submit a tuning job: a registered kernel by name, an uploaded source (inline,
+    needing the kernels:upload scope, or by sha256), a problem, a budget."""
+    settings = services.settings
+    if body.budget > settings.max_budget:
+        raise _unprocessable(f"budget {body.budget} exceeds this server's limit of {settings.max_budget}")
+    if body.source is not None and body.source_sha256 is not None:
+        raise _unprocessable("give the kernel's source or its source_sha256, not both")
+    if body.source is not None:
+        if not principal.allows(KERNELS_UPLOAD):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"uploading kernel source needs the {KERNELS_UPLOAD!r} scope")
+        try:
+            kernel_files.check_syntax(body.source, body.kernel)
+        except ValueError as exc:
+            raise _unprocessable(str(exc)) from None
+        signature = None
+    elif body.source_sha256 is not None:
+        uploaded = services.registry.kernel(body.source_sha256)
+        if uploaded is None:
+            raise _unprocessable(f"no kernel source with sha256 {body.source_sha256}; upload it first (POST /api/v1/kernels)")
+        signature = uploaded.problem if uploaded.registered else None
+    else:
+        registered = services.registered_kernel(body.kernel)
+        if registered is None:
+            raise _unprocessable(f"unknown kernel {body.kernel!r}: not registered on this server (upload its source instead)")
+        signature = registered.problem
+    try:
+        params = kernel_files.check_params(body.params, signature)
+        problem, checked = kernel_files.normalize_problem(body.kernel, body.problem, signature)
+    except ValueError as exc:
+        raise _unprocessable(str(exc)) from None
+    # Everything is checked: only now is anything written.
+    if body.source is not None:
+        record = services.registry.put_kernel(body.kernel, body.source)
+    elif body.source_sha256 is not None:
+        record = uploaded
+    else:
+        record = registered
+    assert record is not None
+    job = services.queue.create_job(
+        kernel_id=record.id, kernel=body.kernel, problem=problem, problem_checked=checked, params=params,
+        strategy=body.strategy, seed=body.seed, budget=body.budget, time_budget=body.time_budget,
+        baselines=body.baselines, device=body.device, created_by=principal.token_id,
+    )  # fmt: skip
+    return job_public(job)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(services: ServicesDep, state: JobState | None = None, limit: Limit = 50, offset: Offset = 0) -> JobsPublic:
+    """Jobs, newest first, with their progress."""
+    jobs, count = services.queue.list_jobs(state=state, limit=limit, offset=offset)
+    return JobsPublic(data=[job_public(j) for j in jobs], count=count)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses={404: {"model": ErrorPublic}})
+def get_job(job_id: JobId, services: ServicesDep) -> JobPublic:
+    job = services.queue.get_job(job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+    return job_public(job)
+
+
+@router.get("/{job_id}/trials", response_model=JobTrialsPublic, responses={404: {"model": ErrorPublic}})
+def list_job_trials(
+    job_id: JobId, services: ServicesDep, state: SlotState | None = None, limit: Limit = 100, offset: Offset = 0
+) -> JobTrialsPublic:
+    """The job's trials (search slots and baselines), in claim order."""
+    if services.queue.job_state(job_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+    trials, count = services.queue.job_trials(job_id, state=state, limit=limit, offset=offset)
+    return JobTrialsPublic(data=[_trial_public(t) for t in trials], count=count)
+
+
+@router.post(
+    "/{job_id}/cancel", response_model=JobPublic, responses={**_errors, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic}}
+)
+def cancel_job(job_id: JobId, services: ServicesDep, principal: JobsWriter) -> JobPublic:
+    """Cancel a queued or running job; candidates already in flight finish and are kept."""
+    try:
+        return job_public(services.queue.cancel_job(job_id))
+    except JobNotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except JobConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None

@@ -1,0 +1,22 @@
+"""The workers that have registered, with their heartbeats."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ...deps import ServicesDep
+from ...schemas import WorkerPublic, WorkersPublic
+
+router = APIRouter(prefix="/workers", tags=["workers"])
+
+
+@router.get("", response_model=WorkersPublic)
+def list_workers(services: ServicesDep, alive: bool = False) -> WorkersPublic:
+    """Workers, newest first; ``alive``: only those whose heartbeat is within the grace period."""
+    records = services.queue.list_workers(alive_within=services.settings.grace if alive else None)
+    data = [
+        WorkerPublic(id=w.id, host=w.host, pid=w.pid, gpu=w.gpu, device=w.device, state=w.state, job_id=w.job_id,
+                     started_at=w.started_at, heartbeat_at=w.heartbeat_at)
+        for w in records
+    ]  # fmt: skip
+    return WorkersPublic(data=data, count=len(data))

@@ -1,0 +1,117 @@
+"""Service settings (pydantic-settings): defaults < a TOML file < environment < arguments.
+
+Every field can be set from the environment with the ``WS_TUNE_`` prefix
+(``WS_TUNE_DB``, ``WS_TUNE_HEARTBEAT_INTERVAL``, ...) or from a TOML file named
+by ``WS_TUNE_CONFIG`` (see ``configs/service.toml``). ``kernel_dirs`` takes a
+comma-separated list in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_ENV = "WS_TUNE_CONFIG"
+MIB = 1024 * 1024
+# A bootstrap token must not be a placeholder someone forgot to change.
+_PLACEHOLDERS = {"changethis", "changeme", "secret", "password", "token"}
+MIN_TOKEN_LENGTH = 24
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WS_TUNE_", extra="ignore", validate_default=True)
+
+    # --- where results live --------------------------------------------------
+    db: str | None = Field(None, description="Database URL or SQLite path; None: ~/.cache/ws-tune/ws-tune.db")
+
+    # --- the HTTP server -----------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    http_workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
+    workers: int | None = Field(
+        None, ge=0, le=64, description="embedded tuning workers started by `ws-tune serve` (None: 1 on SQLite, 0 otherwise)"
+    )
+    kernel_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="directories whose *.py kernel files are registered by name at start-up"
+    )
+    bootstrap_token: SecretStr | None = Field(
+        None, description="an admin token given by the environment (e.g. a compose secret), accepted besides the stored ones"
+    )
+    public_reads: bool = Field(True, description="GET endpoints need no token (mutations always do)")
+    max_body_bytes: int = Field(1 * MIB, ge=1024, description="larger request bodies get 413")
+    max_budget: int = Field(100_000, ge=1)
+    best_cache_ttl: float = Field(1.0, ge=0, description="seconds a best-schedule answer is served from memory")
+    auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
+    log_level: str = "info"
+
+    # --- workers and leases --------------------------------------------------
+    heartbeat_interval: float = Field(5.0, gt=0)
+    grace_period: float | None = Field(None, gt=0, description="stale after this many seconds; None: 3 x heartbeat")
+    max_retry: int = Field(2, ge=0, description="re-runs of a candidate whose worker was lost, before quarantine")
+    drain_timeout: float = Field(600.0, ge=0, description="on SIGTERM, seconds to finish the candidates in flight")
+    poll_interval: float = Field(1.0, gt=0, description="seconds between looks for work when idle")
+    kernel_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "ws-tune" / "kernels")
+
+    @field_validator("kernel_dirs", mode="before")
+    @classmethod
+    def _split_dirs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [Path(p.strip()) for p in value.replace(os.pathsep, ",").split(",") if p.strip()]
+        return value
+
+    @field_validator("bootstrap_token")
+    @classmethod
+    def _no_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        secret = value.get_secret_value()
+        if secret.lower() in _PLACEHOLDERS or len(secret) < MIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"WS_TUNE_BOOTSTRAP_TOKEN must be a random string of at least {MIN_TOKEN_LENGTH} characters "
+                "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return value
+
+    @property
+    def grace(self) -> float:
+        return self.grace_period if self.grace_period is not None else 3 * self.heartbeat_interval
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
+        config = os.environ.get(CONFIG_ENV)
+        if config:
+            if not Path(config).is_file():
+                raise ValueError(f"{CONFIG_ENV}={config}: no such file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        return (*sources, file_secret_settings)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment and config file, with explicit overrides
+    (command-line options) on top; None values are not overrides."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
+        raise ValueError(f"invalid setting {where}: {first.get('msg', 'invalid')}") from None

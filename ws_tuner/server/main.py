@@ -1,0 +1,110 @@
+"""The FastAPI app: ``create_app(settings)`` assembles it.
+
+For uvicorn: ``uvicorn --factory ws_tuner.server.main:create_app`` (settings
+from ``WS_TUNE_*`` variables and ``WS_TUNE_CONFIG``). The schema comes from
+the Alembic migrations (``ws-tune db upgrade``, the deploy's prestart step); a
+server finding an older schema refuses to start rather than migrating under
+running workers. Every error body is ``{"detail": "<one line>"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+
+from .. import __version__
+from ..store import StoreError
+from .api.main import api_router
+from .config import Settings
+from .middleware import BodySizeLimit
+from .services import Services
+
+_log = logging.getLogger("ws_tuner.server")
+
+
+def _operation_id(route: APIRoute) -> str:
+    return f"{route.tags[0]}-{route.name}" if route.tags else route.name
+
+
+def _validation_detail(exc: RequestValidationError) -> tuple[int, str]:
+    errors = exc.errors()
+    if not errors:
+        return 422, "invalid request"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        return 400, f"malformed JSON body: {reason}"
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",)) or "body"
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return 422, f"{loc}: {first.get('msg', 'invalid')}{more}"
+
+
+async def _sweeper(services: Services) -> None:
+    """Re-queue stale trials even when no worker is alive to do it."""
+    settings = services.settings
+    while True:
+        await asyncio.sleep(settings.heartbeat_interval)
+        try:
+            await run_in_threadpool(services.queue.sweep, grace=settings.grace, max_retry=settings.max_retry)
+        except StoreError as exc:
+            _log.warning("sweeper: %s", exc)
+        except Exception:  # noqa: BLE001 - the sweeper must outlive a bad round
+            _log.exception("sweeper round failed")
+
+
+def create_app(settings: Settings | None = None, *, services: Services | None = None) -> FastAPI:
+    settings = settings or Settings()
+    services = services or Services.open(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_sweeper(services))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            services.close()
+
+    app = FastAPI(
+        title="ws-tune",
+        version=__version__,
+        summary="Tune TileLang warp-specialization schedules: jobs, workers, best-schedule lookups.",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.services = services
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(api_router(settings))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, detail = _validation_detail(exc)
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    @app.exception_handler(StoreError)
+    async def _store_down(request: Request, exc: StoreError) -> JSONResponse:
+        _log.warning("%s %s: %s", request.method, request.url.path, exc)  # the URL in it is masked
+        return JSONResponse({"detail": "database unavailable; try again"}, status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        _log.error("%s %s: internal error: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return JSONResponse({"detail": "internal server error"}, status_code=500)
+
+    return app
+
+
+def app_from_env() -> Any:
+    """The factory uvicorn's worker processes call (``--factory``)."""
+    return create_app(Settings())

@@ -1,0 +1,174 @@
+"""``ws-tune serve`` and ``ws-tune worker``: process-level plumbing.
+
+``serve`` checks the database (one-line errors), refuses to expose an
+unauthenticated server, starts the embedded workers as *subprocesses* (so
+uploaded kernel code never runs in the server's process), runs uvicorn, and
+drains the workers when it stops. ``worker`` runs one worker with signal
+handling: the first SIGTERM/SIGINT drains, the second hands back at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from ..store import Store, resolve_db_url
+from ..store.registry import Registry
+from ..store.repository import mask_url
+from .config import Settings
+from .security import is_loopback
+
+_log = logging.getLogger("ws_tuner.serve")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    logging.getLogger("sqlalchemy").setLevel(logging.WARNING)
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def check_bind(settings: Settings, registry: Registry) -> None:
+    """A server reachable from other hosts must have a token to check (it runs their code)."""
+    if is_loopback(settings.host) or settings.bootstrap_token is not None or registry.active_token_count() > 0:
+        return
+    raise ValueError(
+        f"refusing to listen on {settings.host}: it is not a loopback address and no API token is configured; "
+        "create one with `ws-tune token create` (same --db) or set WS_TUNE_BOOTSTRAP_TOKEN"
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as WS_TUNE_* variables, for processes started from this one."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if name == "bootstrap_token":
+            value = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+        elif name == "kernel_dirs":
+            value = ",".join(str(p) for p in value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        if value is not None:
+            env[f"WS_TUNE_{name.upper()}"] = str(value)
+    return env
+
+
+class EmbeddedWorkers:
+    """Worker subprocesses of ``serve``, restarted if they die, drained at the end."""
+
+    def __init__(self, count: int, env: dict[str, str], args: list[str]) -> None:
+        self.count, self.env, self.args = count, env, args
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="ws-tune-workers", daemon=True)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "ws_tuner", "worker", *self.args]
+        return subprocess.Popen(cmd, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+
+    def start(self) -> None:
+        for i in range(self.count):
+            self.procs[i] = self._spawn()
+        self._thread.start()
+
+    def _supervise(self) -> None:
+        backoff = [1.0] * self.count
+        while not self._stopping.wait(1.0):
+            for i, proc in enumerate(self.procs):
+                if proc is not None and proc.poll() is not None and not self._stopping.is_set():
+                    _log.warning("embedded worker %d exited with %s; restarting in %.0f s", i, proc.returncode, backoff[i])
+                    if self._stopping.wait(backoff[i]):
+                        return
+                    backoff[i] = min(backoff[i] * 2, 60.0)
+                    self.procs[i] = self._spawn()
+
+    def stop(self, timeout: float) -> None:
+        self._stopping.set()
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in live:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def serve(settings: Settings, *, worker_args: list[str] | None = None, access_log: bool = True) -> None:
+    import uvicorn
+
+    from .main import create_app
+    from .services import Services
+
+    configure_logging(settings.log_level)
+    url = resolve_db_url(settings.db)
+    settings = settings.model_copy(update={"db": url})
+    store = Store(url)  # bad URL, unreachable server, outdated schema: one line, exit 2
+    try:
+        check_bind(settings, Registry(store))
+    finally:
+        store.close()
+    workers = settings.workers if settings.workers is not None else (1 if url.startswith("sqlite") else 0)
+    env = settings_env(settings)
+    fast = {
+        "http": "httptools" if importlib.util.find_spec("httptools") else "auto",
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "auto",
+    }
+    embedded = EmbeddedWorkers(workers, env, worker_args or []) if workers else None
+    _log.info("ws-tune serving %s on http://%s:%d/api/v1 (docs at /docs), %d embedded worker(s)",
+              mask_url(url), settings.host, settings.port, workers)  # fmt: skip
+    if embedded:
+        embedded.start()
+    # uvicorn restores the previous handlers after its graceful shutdown and
+    # re-raises the signal it caught; with Python's defaults that kills this
+    # process before the embedded workers are drained. A no-op handler instead
+    # lets the shutdown below run, and the process exits normally.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        common: dict[str, Any] = dict(
+            host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=access_log,
+            server_header=False, proxy_headers=False, timeout_graceful_shutdown=10, **fast,
+        )  # fmt: skip
+        if settings.http_workers > 1:
+            # Worker processes build the app from the environment.
+            os.environ.update(env)
+            uvicorn.run("ws_tuner.server.main:app_from_env", factory=True, workers=settings.http_workers, **common)
+        else:
+            uvicorn.Server(uvicorn.Config(create_app(settings, services=Services.open(settings)), **common)).run()
+    finally:
+        if embedded:
+            embedded.stop(settings.drain_timeout + 5)
+
+
+def run_worker(settings: Settings, options: Any) -> int:
+    from .worker import Worker
+
+    configure_logging(settings.log_level)
+    store = Store(resolve_db_url(settings.db))
+    try:
+        worker = Worker(store, settings, options)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if worker.draining:
+                worker.abort()
+            else:
+                worker.drain()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        return worker.run()
+    finally:
+        store.close()

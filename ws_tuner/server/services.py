@@ -1,0 +1,172 @@
+"""What the API's routes share in one process: the store, the job queue, the
+registry, and three small in-memory caches (token checks, registered kernels,
+best-schedule answers), each with a short time to live so that several server
+processes stay consistent within seconds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from ..candidate import canonical_json
+from ..store import Store, resolve_db_url
+from ..store.queue import JobQueue
+from ..store.registry import KernelRecord, Registry
+from . import kernels as kernel_files
+from .config import Settings
+from .security import ADMIN, Principal, hash_token
+
+_log = logging.getLogger(__name__)
+V = TypeVar("V")
+
+
+class TTLCache(Generic[V]):
+    """A bounded dict whose entries expire; thread-safe (routes run in a thread pool)."""
+
+    def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
+        self.ttl, self.max_entries = ttl, max_entries
+        self._data: dict[Any, tuple[float, V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> V | None:
+        entry = self._data.get(key)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, key: Any, value: V) -> V:
+        if self.ttl <= 0:
+            return value
+        with self._lock:
+            if len(self._data) >= self.max_entries:
+                self._data.clear()  # crude but bounded: a flood of distinct keys cannot grow memory
+            self._data[key] = (time.monotonic() + self.ttl, value)
+        return value
+
+    def get_or(self, key: Any, compute: Callable[[], V]) -> V:
+        found = self.get(key)
+        return found if found is not None else self.put(key, compute())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    status: int
+    body: bytes
+    etag: str | None = None
+
+
+_MISSING = object()
+
+
+class Services:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings, self.store = settings, store
+        self.queue = JobQueue(store)
+        self.registry = Registry(store)
+        self._auth: TTLCache[Any] = TTLCache(settings.auth_cache_ttl)
+        self._kernels: TTLCache[Any] = TTLCache(5.0)
+        self.best_cache: TTLCache[CachedAnswer] = TTLCache(settings.best_cache_ttl)
+        token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+        self._bootstrap_hash = hash_token(token) if token else None
+
+    @classmethod
+    def open(cls, settings: Settings) -> "Services":
+        store = Store(resolve_db_url(settings.db))
+        services = cls(settings, store)
+        try:
+            services.register_kernel_dirs()
+        except BaseException:
+            store.close()
+            raise
+        return services
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- kernels ----------------------------------------------------------------
+    def register_kernel_dirs(self) -> list[KernelRecord]:
+        """Store each file of the kernel directories under its name (no import: the
+        PROBLEM literals are read from the syntax tree)."""
+        out = []
+        for name, source, path in kernel_files.scan(self.settings.kernel_dirs):
+            record = self.registry.put_kernel(name, source, registered=True, problem=kernel_files.problem_signature(source))
+            _log.info("registered kernel %s (%s, sha256 %s)", name, path, record.sha256[:12])
+            out.append(record)
+        return out
+
+    def registered_kernel(self, name: str) -> KernelRecord | None:
+        found = self._kernels.get(name)
+        if found is None:
+            found = self._kernels.put(name, self.registry.registered_kernel(name) or _MISSING)
+        return None if found is _MISSING else found
+
+    # --- authentication ---------------------------------------------------------
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of a presented token, or None. Looked up by sha256; the
+        token itself is never stored, cached or logged."""
+        digest = hash_token(token)
+        if self._bootstrap_hash is not None and secrets.compare_digest(digest, self._bootstrap_hash):
+            return Principal(None, "bootstrap", (ADMIN,))
+        cached = self._auth.get(digest)
+        if cached is None:
+            record = self.registry.token_by_hash(digest)
+            cached = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
+        return None if cached is _MISSING else cached
+
+    # --- best schedules ---------------------------------------------------------
+    def best_answer(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
+        key = (kernel, problem, device, source_hash)
+        found = self.best_cache.get(key)
+        if found is None:
+            found = self.best_cache.put(key, self._lookup_best(kernel, problem, device, source_hash))
+        return found
+
+    def _lookup_best(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
+        registered = self.registered_kernel(kernel)
+        try:
+            full, _ = kernel_files.normalize_problem(kernel, problem, registered.problem if registered else None)
+        except ValueError as exc:
+            return CachedAnswer(422, _error(str(exc)))
+        problem_json = canonical_json(full)
+        best = self.registry.best(kernel=kernel, problem=problem_json, device=device, source_hash=source_hash)
+        if best is None:
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
+        trial, key = best.trial, best.key
+        timing = trial.result.timing
+        assert timing is not None
+        body = {
+            "kernel": key.kernel,
+            "problem": json.loads(key.problem),
+            "device": key.device,
+            "source_hash": key.source_hash,
+            "workload": key.to_json(),
+            "candidate_hash": trial.candidate.hash,
+            "candidate": trial.candidate.to_json(),
+            "lowering": trial.candidate.lowering.value,
+            "median_ms": timing.median_ms,
+            "p20_ms": timing.p20_ms,
+            "p80_ms": timing.p80_ms,
+            "reps": timing.reps,
+            "tflops": trial.result.tflops,
+            "tilelang": trial.candidate.schedule.to_source() if trial.candidate.schedule else None,
+            "updated_at": trial.updated_at.isoformat(),
+        }
+        data = json.dumps(body, separators=(",", ":")).encode()
+        # The ETag names the stored row's version: it changes when a faster trial
+        # wins or this one is re-measured, whichever server process answers.
+        tag = hashlib.sha256(f"{best.trial_id}:{trial.updated_at.isoformat()}:{trial.candidate.hash}".encode()).hexdigest()[:32]
+        return CachedAnswer(200, data, f'"{tag}"')
+
+
+def _error(detail: str) -> bytes:
+    return json.dumps({"detail": detail}).encode()
