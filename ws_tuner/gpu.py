@@ -34,7 +34,7 @@ class StickyCudaError(Exception):
 def init_worker(gpu: int, side_file: str) -> None:
     """Pool initializer: pin the worker to one GPU before CUDA starts."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    _state["side_file"] = side_file
+    _state.update(gpu=gpu, side_file=side_file)
 
 
 def _torch() -> Any:
@@ -43,32 +43,34 @@ def _torch() -> Any:
     return torch
 
 
-def environment() -> Environment:
+def environment(gpu: int = 0) -> Environment:
     """The visible GPU and toolchain, read through nvidia-smi: no CUDA context
     is created, so the tuner's own process may call this."""
     from . import compiler
 
-    cap = _smi("compute_cap")  # "9.0"
+    cap = _smi("compute_cap", gpu)  # "9.0"
     major, _, minor = cap.partition(".")
     arch = f"sm_{major}{minor}{'a' if major == '9' else ''}" if cap != "unknown" else "unknown"
     return Environment(
         arch=arch,
-        device=_smi("name"),
+        device=_smi("name", gpu),
         tilelang_version=compiler.tilelang_version(),
         cuda_version=compiler.cuda_version(),
-        driver_version=_smi("driver_version"),
+        driver_version=_smi("driver_version", gpu),
     )
 
 
 def clocks() -> dict[str, str]:
     """SM and memory clocks as nvidia-smi reads them now (MHz)."""
-    return {"sm_clock_mhz": _smi("clocks.sm"), "mem_clock_mhz": _smi("clocks.mem"), "power_w": _smi("power.draw")}
+    gpu = _state.get("gpu", 0)
+    return {"sm_clock_mhz": _smi("clocks.sm", gpu), "mem_clock_mhz": _smi("clocks.mem", gpu), "power_w": _smi("power.draw", gpu)}
 
 
-def _smi(field: str) -> str:
+def _smi(field: str, gpu: int) -> str:
+    """One nvidia-smi field of one GPU (by its physical index)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", str(gpu)],
             capture_output=True, text=True, timeout=20,
         )  # fmt: skip
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"

@@ -163,6 +163,9 @@ def load_kernel(path: str | Path) -> KernelSpec:
             raise KernelFileError(f"cannot import {path}: not a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
+        # As for a script: the file's own folder is importable (shared helpers beside it).
+        if str(path.resolve().parent) not in sys.path:
+            sys.path.append(str(path.resolve().parent))
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit too

@@ -83,8 +83,7 @@ class LocalRunner(Runner):
     def environment(self) -> Environment:
         from . import gpu
 
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(self.gpu))
-        return gpu.environment()
+        return gpu.environment(self.gpu)
 
     def submit(self, run_input: RunInput) -> "Future[TrialResult]":
         inner = self._pool.schedule(_evaluate, args=(run_input,), timeout=run_input.config.timeout)

@@ -9,9 +9,9 @@ running workers. Every error body is ``{"detail": "<one line>"}``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -48,17 +48,27 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str]:
     return 422, f"{loc}: {first.get('msg', 'invalid')}{more}"
 
 
-async def _sweeper(services: Services) -> None:
-    """Re-queue stale trials even when no worker is alive to do it."""
-    settings = services.settings
-    while True:
-        await asyncio.sleep(settings.heartbeat_interval)
-        try:
-            await run_in_threadpool(services.queue.sweep, grace=settings.grace, max_retry=settings.max_retry)
-        except StoreError as exc:
-            _log.warning("sweeper: %s", exc)
-        except Exception:  # noqa: BLE001 - the sweeper must outlive a bad round
-            _log.exception("sweeper round failed")
+class _Sweeper(threading.Thread):
+    """Re-queues stale trials even when no worker is alive to do it. A thread, not
+    a task: shutdown waits for a sweep in progress before the store closes."""
+
+    def __init__(self, services: Services) -> None:
+        super().__init__(name="ws-tune-sweeper", daemon=True)
+        self.services, self.stopping = services, threading.Event()
+
+    def run(self) -> None:
+        settings = self.services.settings
+        while not self.stopping.wait(settings.heartbeat_interval):
+            try:
+                self.services.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+            except StoreError as exc:
+                _log.warning("sweeper: %s", exc)
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a bad round
+                _log.exception("sweeper round failed")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None) -> FastAPI:
@@ -67,13 +77,12 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_sweeper(services))
+        sweeper = _Sweeper(services)
+        sweeper.start()
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await run_in_threadpool(sweeper.stop)
             services.close()
 
     app = FastAPI(

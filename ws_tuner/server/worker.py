@@ -119,10 +119,13 @@ class Stages:
     def _runner(self) -> Runner | None:
         kind = self.options.runner
         if kind == "dummy":
-            from .fakes import FastDummyRunner, fake_latency
+            if self.options.space == "fake":
+                from .fakes import FastDummyRunner, fake_latency
 
-            latency = fake_latency if self.options.space == "fake" else None
-            return FastDummyRunner(delay=self.options.runner_delay, **({"latency": latency} if latency else {}))
+                return FastDummyRunner(delay=self.options.runner_delay, latency=fake_latency)
+            from ..testing import DummyRunner  # the engine's own double: the same workload key as its tests
+
+            return DummyRunner(delay=self.options.runner_delay)
         if kind == "none":
             return None
         from ..runner import LocalRunner, gpu_available

@@ -1,0 +1,125 @@
+"""The best-schedule lookup: what the CLI (the engine's Tuner) stores, the service
+serves, with ETag revalidation; and what a service job measures, the engine's
+own lookup finds."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+from svc_helpers import EXAMPLES, SHAPE, wait_for
+
+from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.kernel import load_kernel
+from ws_tuner.result import Status, Timing, TrialResult
+from ws_tuner.store import Store
+from ws_tuner.workload import Environment, WorkloadKey
+
+H200 = Environment("sm_90a", "NVIDIA H200", "0.1.15", "12.8", "570.1")
+PROBLEM = {"K": 4096, "M": 4096, "N": 4096, "b_layout": "row", "dtype": "float16"}
+
+
+def _commit(store: Store, median_ms: float, i: int, env: Environment = H200, problem: dict | None = None) -> Candidate:
+    spec_hash = load_kernel(EXAMPLES / "gemm.py").source_hash
+    workload = store.workload_id(WorkloadKey.make("gemm", spec_hash, problem or PROBLEM, env))
+    candidate = Candidate.make({"block_M": 128, "block_N": 256, "i": i}, None, Lowering.DEFAULT)
+    timing = Timing(median_ms, median_ms * 0.99, median_ms * 1.01, 30)
+    store.commit_trial(workload_id=workload, candidate=candidate, result=TrialResult(candidate.hash, Status.OK, timing=timing, tflops=100.0))
+    return candidate
+
+
+def test_best_lookup_with_etag(db_url: str, live_server: Callable, open_db: Callable) -> None:
+    live = live_server(db_url)
+    store = open_db(db_url)  # as the CLI writes: a store of its own
+    _commit(store, 0.9, 1)
+    fastest = _commit(store, 0.5, 2)
+    _commit(store, 0.7, 3)
+    _commit(store, 0.1, 4, env=Environment("sm_90a", "NVIDIA H100", "0.1.15", "12.8", "570.1"))  # another device
+    _commit(store, 0.2, 5, problem={**PROBLEM, "dtype": "bfloat16"})  # another problem
+    params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
+    with live.client() as client:
+        first = client.get("/best", params=params)
+        assert first.status_code == 200, first.text
+        body = first.json()
+        assert body["candidate_hash"] == fastest.hash and body["median_ms"] == 0.5 and body["problem"] == PROBLEM
+        assert body["device"] == "NVIDIA H200" and body["workload"]["cuda_version"] == "12.8"
+        etag = first.headers["etag"]
+        assert etag.startswith('"') and first.headers["cache-control"] == "no-cache"
+
+        # The same problem spelled differently (defaults explicit, JSON) is the same lookup.
+        same = client.get("/best", params={**params, "problem": '{"M": 4096, "N": 4096, "K": 4096, "dtype": "float16"}'})
+        assert same.headers["etag"] == etag
+
+        not_modified = client.get("/best", params=params, headers={"If-None-Match": etag})
+        assert not_modified.status_code == 304 and not_modified.content == b"" and not_modified.headers["etag"] == etag
+        assert client.get("/best", params=params, headers={"If-None-Match": f'"other", W/{etag}'}).status_code == 304
+        assert client.get("/best", params=params, headers={"If-None-Match": '"stale"'}).status_code == 200
+
+        # A faster result: a new ETag (the cache is off in these tests).
+        faster = _commit(store, 0.3, 6)
+        changed = client.get("/best", params=params, headers={"If-None-Match": etag})
+        assert changed.status_code == 200 and changed.json()["candidate_hash"] == faster.hash
+        assert changed.headers["etag"] != etag
+
+        missing = client.get("/best", params={**params, "device": "NVIDIA B200"})
+        assert missing.status_code == 404 and "no timed result for gemm" in missing.json()["detail"]
+        bad = client.get("/best", params={**params, "problem": "M=4096"})
+        assert bad.status_code == 422 and bad.json() == {"detail": "problem is missing K (give K=...,M=...,N=...)"}
+        assert client.get("/best", params={"kernel": "gemm", "device": "x"}).json() == {"detail": "query.problem: Field required"}
+        assert client.get("/best", params={**params, "kernel": "../x"}).status_code == 422
+
+
+def test_best_answers_are_cached(db_url: str, live_server: Callable, open_db: Callable) -> None:
+    live = live_server(db_url, best_cache_ttl=60.0)
+    store = open_db(db_url)
+    first = _commit(store, 0.5, 1)
+    params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
+    with live.client() as client:
+        assert client.get("/best", params=params).json()["candidate_hash"] == first.hash
+        _commit(store, 0.1, 2)
+        assert client.get("/best", params=params).json()["candidate_hash"] == first.hash  # served from memory
+        live.services.best_cache.clear()
+        assert client.get("/best", params=params).json()["candidate_hash"] != first.hash
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_real_kernel_job_is_served_and_reused_by_the_engine(
+    db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable, open_db: Callable
+) -> None:
+    """examples/gemm.py, its real schedule space and tilelang's real verifier
+    (VerifyOnlyBuilder), timed by the DummyRunner: the job's results are what
+    the engine's Tuner reads back, and the Tuner's results what the job skips."""
+    from ws_tuner import search
+    from ws_tuner.server.worker import WorkerOptions
+    from ws_tuner.task import Task
+    from ws_tuner.testing import DummyRunner, VerifyOnlyBuilder
+    from ws_tuner.tune import TuneOptions, Tuner
+
+    store = open_db(db_url)
+    spec = load_kernel(EXAMPLES / "gemm.py")
+    task = Task.make(spec, spec.parse_problem(SHAPE))
+    # The engine (as `ws-tune` does) measures 3 candidates first.
+    cli = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
+                options=TuneOptions(budget=3, baselines=False, confirm_top=0)).run()  # fmt: skip
+    cli_hashes = {r.candidate.hash for r in cli.records}
+    assert len(cli_hashes) == 3
+
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    worker_thread(db_url, WorkerOptions(runner="dummy", builder="verify-only", space="kernel"))
+    with live.client(token) as client:
+        job = client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 4, "strategy": "random", "seed": 1}).json()
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
+        assert done["state"] == "succeeded", done
+        assert done["workload_id"] == cli.workload_id  # one workload: same kernel hash, problem, device, toolchain
+        trials = client.get(f"/jobs/{job['id']}/trials").json()["data"]
+        job_hashes = {t["candidate_hash"] for t in trials}
+        assert len(job_hashes) == 4 and not job_hashes & cli_hashes  # what the CLI measured is not measured again
+        best = client.get("/best", params={"kernel": "gemm", "problem": SHAPE, "device": "Dummy H200 (test double)"}).json()
+    stored = store.top_k(workload_id=cli.workload_id, k=100)
+    assert len(stored) == 7 and best["candidate_hash"] == stored[0].candidate.hash
+    assert best["tilelang"].startswith("T.annotate_ws_schedule(")
+    # ...and the engine resumes from the job's results: a re-run with budget 7 measures nothing.
+    again = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
+                  options=TuneOptions(budget=7, baselines=False, confirm_top=0)).run()  # fmt: skip
+    assert all(r.cached for r in again.records) and len(again.records) == 7
