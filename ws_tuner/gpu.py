@@ -15,7 +15,7 @@ import statistics
 import subprocess
 from typing import Any, Callable
 
-from .candidate import Candidate, Lowering
+from .candidate import Candidate, Lowering, canonical_json
 from .result import Status, Timing, TrialResult
 from .workload import Environment
 
@@ -87,7 +87,8 @@ def _compiled(run_input: Any) -> tuple[Any, Callable[[list[Any]], Any]]:
     candidate: Candidate = run_input.candidate
     if candidate.lowering is Lowering.REFERENCE:
         return task, lambda args: task.spec.reference(task.problem, args)
-    key = (run_input.source_hash, candidate.hash)
+    # The candidate hash does not cover the problem: fp16 and bf16 share one.
+    key = (run_input.source_hash, canonical_json(run_input.problem), candidate.hash)
     if key not in _state:
         func, configs = task.lowered(candidate)
         _state[key] = compiler.compile_kernel(func, configs)

@@ -35,22 +35,31 @@ def _dump(db_url: str) -> str:
     return repr(rows)
 
 
+def cli(*args: str) -> Any:
+    """`ws-tune ARGS` in this process (typer's runner): exit code, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from ws_tuner.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
 def test_token_cli_stores_only_a_hash(db_url: str) -> None:
-    created = ws_tune("token", "create", "--name", "ci", "--scope", "jobs:write,kernels:upload", "--db", db_url)
-    assert created.returncode == 0, created.stderr
+    created = cli("token", "create", "--name", "ci", "--scope", "jobs:write,kernels:upload", "--db", db_url)
+    assert created.exit_code == 0, created.output
     token = created.stdout.strip()
     assert token.startswith("wst_") and len(token) >= 40 and "\n" not in token
     assert "shown once" in created.stderr and token not in created.stderr
     dump = _dump(db_url)
     assert token not in dump and hashlib.sha256(token.encode()).hexdigest() in dump
 
-    listed = ws_tune("token", "list", "--db", db_url)
-    assert listed.returncode == 0 and token not in listed.stdout and token[:10] in listed.stdout and "ci" in listed.stdout
-    bad = ws_tune("token", "create", "--scope", "root", "--db", db_url)
-    assert bad.returncode == 2 and "unknown scope 'root'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
-    assert ws_tune("token", "revoke", token[:10], "--db", db_url).returncode == 0
-    missing = ws_tune("token", "revoke", token[:10], "--db", db_url)
-    assert missing.returncode == 1 and "no active token" in missing.stderr
+    listed = cli("token", "list", "--db", db_url)
+    assert listed.exit_code == 0 and token not in listed.stdout and token[:10] in listed.stdout and "ci" in listed.stdout
+    bad = cli("token", "create", "--scope", "root", "--db", db_url)
+    assert bad.exit_code == 2 and "unknown scope 'root'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert cli("token", "revoke", token[:10], "--db", db_url).exit_code == 0
+    missing = cli("token", "revoke", token[:10], "--db", db_url)
+    assert missing.exit_code == 1 and "no active token" in missing.stderr
 
 
 def test_no_token_or_secret_in_logs(db_url: str, live_server: Callable, make_token: Callable) -> None:
