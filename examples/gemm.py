@@ -20,10 +20,15 @@ PARAMS = {
     "block_K": [64],
     "swizzle": [0, 8],  # threadblock rasterization panel; 0 is row-major order
     "epilogue": ["direct", "smem"],  # C from registers, or staged in shared memory + TMA store
+    "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
 }
 OUTPUTS = [2]
 TOLERANCE = 1e-2
 SEED_STAGES = 3
+# Blocks of the persistent variant: one per SM of an H100/H200 SXM (132). The
+# kernel is correct for any count; it is a grid size, not a device query, so
+# that kernels build the same on a machine without a GPU.
+PERSISTENT_BLOCKS = 132
 
 
 def check(problem, params, schedule):
@@ -41,14 +46,61 @@ def check(problem, params, schedule):
     return None
 
 
-def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, stages=SEED_STAGES, consumer_warps=8):
+def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, stages=SEED_STAGES, consumer_warps=8):
     M, N, K = problem["M"], problem["N"], problem["K"]
     dtype, accum = problem["dtype"], "float32"
     b_col = problem["b_layout"] == "col"
     b_shape = (N, K) if b_col else (K, N)
     b_tile = (block_N, block_K) if b_col else (block_K, block_N)
-    producer = consumer_warps  # the producer warp follows the consumer warpgroups
     smem_epilogue = epilogue == "smem"
+    k_blocks = T.ceildiv(K, block_K)
+
+    def schedule(A_shared, B_shared):
+        """The seed: one TMA producer warp after the consumer warpgroups, one pipeline."""
+        loop_k = T.WSScope(
+            "loop_k",
+            {
+                "Consumer": [T.WSSync.consumer_wait("smem", stage=0), "mma", T.WSSync.consumer_release("smem", stage=0)],
+                "Producer": [T.WSSync.producer_acquire("smem", stage=0), "load_A", "load_B", T.WSSync.producer_commit("smem", stage=0)],
+            },
+        )
+        if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
+            scopes = [
+                loop_k,
+                T.WSScope("loop_tiles", {"Consumer": ["tile", "clear", "loop_k", "store", "next"], "Producer": ["tile", "loop_k", "next"]}),
+                T.WSScope(T.WSScope.ROOT, {"Consumer": ["first", "loop_tiles"], "Producer": ["first", "loop_tiles"]}),
+            ]
+        else:
+            scopes = [loop_k, T.WSScope(T.WSScope.ROOT, {"Consumer": ["clear", "loop_k", "store"], "Producer": ["loop_k"]})]
+        return T.WSSchedule(
+            num_warps=consumer_warps + 4,
+            roles=[
+                T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=232),
+                T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=40),
+            ],
+            pipelines=[T.WSPipeline("smem", [A_shared, B_shared], depth=stages)],
+            scopes=scopes,
+        )
+
+    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, bm, bn):
+        """One output tile: the pipelined K loop, then the epilogue."""
+        with T.ws_op("clear"):
+            T.clear(C_local)
+        for k in T.Pipelined(k_blocks, num_stages=stages, annotations={T.WSID: "loop_k"}):
+            T.copy(A[bm * block_M, k * block_K], A_shared, annotations={T.WSID: "load_A"})
+            if b_col:
+                T.copy(B[bn * block_N, k * block_K], B_shared, annotations={T.WSID: "load_B"})
+            else:
+                T.copy(B[k * block_K, bn * block_N], B_shared, annotations={T.WSID: "load_B"})
+            T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+        with T.ws_op("store"):
+            if smem_epilogue:
+                T.copy(C_local, C_shared)
+                T.copy(C_shared, C[bm * block_M, bn * block_N])
+            else:
+                T.copy(C_local, C[bm * block_M, bn * block_N])
+
+    tile = T.macro(tile)
 
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
@@ -58,55 +110,33 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, stages=SEED
             C_local = T.alloc_fragment((block_M, block_N), accum)
             C_shared = T.alloc_shared((block_M, block_N), dtype)
             T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
-            T.annotate_ws_schedule(
-                T.WSSchedule(
-                    num_warps=consumer_warps + 4,
-                    roles=[
-                        T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=232),
-                        T.WSRole("Producer", warps_lo=producer, warps_hi=producer + 1, max_nreg=40),
-                    ],
-                    pipelines=[T.WSPipeline("smem", [A_shared, B_shared], depth=stages)],
-                    scopes=[
-                        T.WSScope(
-                            "loop_k",
-                            {
-                                "Consumer": [
-                                    T.WSSync.consumer_wait("smem", stage=0),
-                                    "mma",
-                                    T.WSSync.consumer_release("smem", stage=0),
-                                ],
-                                "Producer": [
-                                    T.WSSync.producer_acquire("smem", stage=0),
-                                    "load_A",
-                                    "load_B",
-                                    T.WSSync.producer_commit("smem", stage=0),
-                                ],
-                            },
-                        ),
-                        T.WSScope(
-                            T.WSScope.ROOT,
-                            {"Consumer": ["clear", "loop_k", "store"], "Producer": ["loop_k"]},
-                        ),
-                    ],
-                )
-            )
-            with T.ws_op("clear"):
-                T.clear(C_local)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages, annotations={T.WSID: "loop_k"}):
-                T.copy(A[by * block_M, k * block_K], A_shared, annotations={T.WSID: "load_A"})
-                if b_col:
-                    T.copy(B[bx * block_N, k * block_K], B_shared, annotations={T.WSID: "load_B"})
-                else:
-                    T.copy(B[k * block_K, bx * block_N], B_shared, annotations={T.WSID: "load_B"})
-                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
-            with T.ws_op("store"):
-                if smem_epilogue:
-                    T.copy(C_local, C_shared)
-                    T.copy(C_shared, C[by * block_M, bx * block_N])
-                else:
-                    T.copy(C_local, C[by * block_M, bx * block_N])
+            T.annotate_ws_schedule(schedule(A_shared, B_shared))
+            tile(A, B, C, A_shared, B_shared, C_local, C_shared, by, bx)
 
-    return gemm
+    @T.prim_func
+    def gemm_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block_id:
+            A_shared = T.alloc_shared((block_M, block_K), dtype)
+            B_shared = T.alloc_shared(b_tile, dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum)
+            C_shared = T.alloc_shared((block_M, block_N), dtype)
+            tiles = T.PersistentTileScheduler(
+                T.ceildiv(M, block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
+                swizzle_size=max(swizzle, 1), column_major=False, name="tiles",
+            )  # fmt: skip
+            T.annotate_ws_schedule(schedule(A_shared, B_shared))
+            with T.ws_op("first"):
+                tiles.init(block_id)
+            with T.ws_op("loop_tiles"):
+                while tiles.valid():
+                    with T.ws_op("tile"):
+                        bm = tiles.m_idx
+                        bn = tiles.n_idx
+                    tile(A, B, C, A_shared, B_shared, C_local, C_shared, bm, bn)
+                    with T.ws_op("next"):
+                        tiles.next_tile()
+
+    return gemm_persistent if persistent else gemm
 
 
 def inputs(problem, device):

@@ -9,7 +9,7 @@ from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.result import Status
 from ws_tuner.schedule import Role, Sync
 
-PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "swizzle": 8}
+PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_outcomes_are_data(gemm_task, seed, fresh_cache):
     assert by[seed.hash].status is Status.BUILT, by[seed.hash].message
     assert by[broken.hash].status is Status.REJECTED
     assert "pipeline smem" in by[broken.hash].message and "\n" not in by[broken.hash].message
-    assert by[broken.hash].seconds < 2.0  # milliseconds of verification, no compile
+    assert by[broken.hash].seconds < by[seed.hash].seconds  # verified in ms; nvcc never ran
     assert by[unsplittable.hash].status is Status.COMPILE_ERROR
     assert "warp partition" in by[unsplittable.hash].message
 

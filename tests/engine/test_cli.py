@@ -68,7 +68,7 @@ def test_space_prints_axes_and_counts(example_path):
 @pytest.mark.slow
 def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     db = tmp_path / "results.db"
-    args = [str(example_path), "--shape", SHAPE, "--budget", "2", "--jobs", "2", "--db", str(db), "--compile-only", "--param", "block_M=128,block_N=256,epilogue=direct,swizzle=8"]
+    args = [str(example_path), "--shape", SHAPE, "--budget", "2", "--jobs", "2", "--db", str(db), "--compile-only", "--param", "block_M=128,block_N=256,epilogue=direct,persistent=false,swizzle=8"]
     first = ws_tune(*args)
     assert first.returncode == 0, first.stderr
     assert "compile-only" in first.stdout and "built" in first.stdout

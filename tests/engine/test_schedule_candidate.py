@@ -4,7 +4,6 @@ and TileLang source a user can paste back into the kernel."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -74,17 +73,16 @@ def test_a_baseline_takes_no_schedule():
     assert Candidate.make({"a": 1}, None, Lowering.DEFAULT).schedule is None
 
 
-def test_rendered_source_pastes_into_the_kernel(tmp_path, variants, example_path):
-    """Replace the example's own T.annotate_ws_schedule(...) with a candidate's
-    rendering: the edited kernel file must carry exactly that schedule."""
-    cand = variants[-1]
-    source = example_path.read_text()
-    start = source.index("            T.annotate_ws_schedule(")
-    end = source.index("            with T.ws_op(\"clear\"):")
-    edited = source[:start] + cand.schedule.to_source(indent="            ") + "\n" + source[end:]
-    path = tmp_path / "pasted_gemm.py"
-    path.write_text(edited)
-    spec = load_kernel(path)
-    func = spec.build(spec.parse_problem("M=4096,N=4096,K=4096"), cand.param_dict)
-    assert compiler.own_schedule(func) == cand.schedule
-    assert re.search(r"T\.WSPipeline\('[A-Za-z_]+', \[A_shared", cand.schedule.to_source())
+def test_rendered_source_pastes_into_the_kernel(tmp_path, variants, data_dir):
+    """Paste a candidate's rendered T.annotate_ws_schedule(...) into a kernel:
+    the kernel then carries exactly that schedule, and it verifies."""
+    flat = [c for c in variants if not c.param_dict["persistent"]]
+    assert flat
+    template = (data_dir / "paste_template.py").read_text()
+    for i, cand in enumerate(flat[:4]):
+        path = tmp_path / f"pasted_{i}.py"
+        path.write_text(template.replace("            # PASTE HERE", cand.schedule.to_source(indent="            ")))
+        spec = load_kernel(path)
+        func = spec.build(spec.parse_problem("M=4096,N=4096,K=4096"), cand.param_dict)
+        assert compiler.own_schedule(func) == cand.schedule
+        compiler.verify(func)

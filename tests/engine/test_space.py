@@ -75,7 +75,7 @@ def test_random_survivors_pass_the_real_verifier(space, gemm_task):
 
 
 def test_every_rule_names_its_reason(space, gemm_spec):
-    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("swizzle", 0))
+    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
     two_wg = RoleSplit(2, "warp", False)
     assert space.candidate(Point(params, two_wg, MERGED, (3,), (), (232, 40))).hash
     assert space.candidate(Point(params, two_wg, MERGED, (6,), (), (232, 40))).startswith("smem:")
@@ -83,7 +83,7 @@ def test_every_rule_names_its_reason(space, gemm_spec):
     assert space.candidate(Point(params, RoleSplit(2, "warpgroup", False), MERGED, (3,), (), (240, 56))).startswith("registers:")
     assert space.candidate(Point(params, two_wg, SEPARATE, (1, 3), (1,), (232, 40))).startswith("stage:")
     assert space.candidate(Point(params, RoleSplit(3, "warp", False), MERGED, (3,), (), (160, 40))).startswith("kernel:")
-    odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("swizzle", 0))
+    odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
     assert "not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
         Point(odd, two_wg, MERGED, (3,), (), (232, 40))
     )
@@ -100,7 +100,7 @@ def test_register_rules_on_hand_written_schedules():
 
 
 def test_threads_and_alignment_rules(space):
-    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("swizzle", 0))
+    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
     shape = space.shape(params)
     wide = RoleSplit(8, "warpgroup", False)  # 36 warps: 1152 threads
     assert space._split_reason(params, shape, wide).startswith("threads:")

@@ -11,7 +11,7 @@ from ws_tuner.result import Status
 from ws_tuner.testing import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder
 from ws_tuner.tune import BASELINE, SEARCH, TuneOptions, Tuner
 
-PINNED = {"block_K": (64,), "block_M": (128,), "block_N": (128, 256), "epilogue": ("direct",), "swizzle": (0, 8)}
+PINNED = {"block_K": (64,), "block_M": (128,), "block_N": (128, 256), "epilogue": ("direct",), "persistent": (False,), "swizzle": (0, 8)}
 
 
 @pytest.fixture

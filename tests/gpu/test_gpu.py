@@ -19,7 +19,7 @@ from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
 pytestmark = pytest.mark.gpu
 
 KERNELS = Path(__file__).parent / "kernels"
-GEMM_PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "swizzle": 8}
+GEMM_PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
 
 def run_input(path: Path, problem: dict, candidate: Candidate, timeout: float = 60.0) -> RunInput:
@@ -100,7 +100,7 @@ def test_tune_then_lookup_and_compile_best(tmp_path, example_path):
     db = tmp_path / "gpu.db"
     proc = subprocess.run(
         [sys.executable, "-m", "ws_tuner", str(example_path), "--shape", "M=4096,N=4096,K=4096", "--budget", "6",
-         "--jobs", "8", "--db", str(db), "--param", "block_M=128,block_N=256,epilogue=direct"],
+         "--jobs", "8", "--db", str(db), "--param", "block_M=128,block_N=256,epilogue=direct,persistent=false"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     print(proc.stdout[-3000:])

@@ -403,26 +403,29 @@ class _JobRun:
         if lease is None:
             return False
         w._leases[lease.id] = lease
-        proposal = self._proposal(lease)
+        proposal, exhausted = self._proposal(lease)
         if proposal is None:
-            w._db("release", w.queue.release_slot, lease, exhausted=lease.candidate is None)
+            # The space ran dry: drop the slot, the job claims no more. Otherwise
+            # (aborting, or the lease was lost meanwhile) the slot goes back.
+            w._db("release", w.queue.release_slot, lease, exhausted=exhausted)
             w._leases.pop(lease.id, None)
             return False
         fut = self.builder.submit(self.engine.build_input(proposal.candidate))
         self.in_flight[fut] = _Work(lease, proposal)
         return True
 
-    def _proposal(self, lease: SlotLease) -> Proposal | None:
-        """The slot's candidate: its own (a retry or a baseline), else a fresh proposal."""
+    def _proposal(self, lease: SlotLease) -> tuple[Proposal | None, bool]:
+        """The slot's candidate: its own (a retry or a baseline), else a fresh
+        proposal; (None, True) when the space is exhausted."""
         w = self.w
         if lease.candidate is not None:
-            return Proposal(lease.candidate, dict(lease.decisions), token=lease.optuna_trial)
+            return Proposal(lease.candidate, dict(lease.decisions), token=lease.optuna_trial), False
         for _ in range(MAX_PROPOSALS_PER_SLOT):
             if w._abort.is_set():
-                return None
+                return None, False
             proposals = w._db("propose", self.strategy.propose, 1)
             if not proposals:
-                return None  # the space is exhausted
+                return None, True
             proposal = proposals[0]
             candidate = proposal.candidate
             if candidate.hash in self.known:  # measured before (an earlier run or job)
@@ -432,12 +435,14 @@ class _JobRun:
             outcome = w._db("assign", w.queue.assign_candidate, lease, candidate, proposal.decisions, number,
                             workload_id=self.workload_id)  # fmt: skip
             if outcome == ASSIGNED:
-                return proposal
+                return proposal, False
             if outcome == DUPLICATE:  # another slot of this job holds it
                 self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "duplicate of another trial of the job"))
                 continue
-            return None  # LOST: the slot is someone else's now
-        return None
+            # LOST: the slot is someone else's now; the proposal is told as failed.
+            self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "lease lost before the trial started"))
+            return None, False
+        return None, True
 
     def _advance(self, fut: Future, work: _Work) -> None:
         if work.build is None:
