@@ -17,7 +17,7 @@ CHOICES = {"dtype": ["float16", "bfloat16"], "b_layout": ["row", "col"]}
 PARAMS = {
     "block_M": [64, 128, 192, 256],
     "block_N": [128, 256],
-    "block_K": [64],
+    "block_K": [64, 128],
     "swizzle": [0, 8],  # threadblock rasterization panel; 0 is row-major order
     "epilogue": ["direct", "smem"],  # C from registers, or staged in shared memory + TMA store
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles

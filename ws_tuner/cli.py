@@ -47,18 +47,24 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _compiler_errors() -> tuple[type[Exception], ...]:
+    # Only a loaded compiler can have raised: commands that never touch tilelang
+    # (serve, worker, token) then start without importing it (seconds, and torch).
+    compiler = sys.modules.get(f"{__package__}.compiler")
+    return (compiler.CompilerError,) if compiler is not None else ()
+
+
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Known failures become one line and exit code 2; anything else one line and 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .compiler import CompilerError
         from .kernel import KernelFileError
         from .store import StoreError
 
         try:
             return fn(*args, **kwargs)
-        except (KernelFileError, StoreError, CompilerError, ValueError) as exc:
+        except (KernelFileError, StoreError, ValueError, *_compiler_errors()) as exc:
             raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         except typer.Exit:
             raise
@@ -231,8 +237,7 @@ def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k:
     task = _task(file, shape, None)
     store = open_store(db)
     key = lookup.workload_key(task, device=device)
-    workload = next((wid for wid, wkey in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash) if wkey == key), None)
-    return task, key, (store.top_k(workload_id=workload, k=k) if workload is not None else [])
+    return task, key, lookup.fastest_compilable(store, key, k=k)
 
 
 @app.command()
@@ -326,9 +331,7 @@ def serve(
     http_workers: Optional[int] = typer.Option(None, "--http-workers", help="uvicorn worker processes"),
     kernel_dir: Optional[list[Path]] = typer.Option(None, "--kernel-dir", help="Register the kernel files of this directory (repeatable)"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
-    worker_runner: Optional[str] = typer.Option(None, "--worker-runner", hidden=True),
-    worker_builder: Optional[str] = typer.Option(None, "--worker-builder", hidden=True),
-    worker_space: Optional[str] = typer.Option(None, "--worker-space", hidden=True),
+    worker_arg: Optional[list[str]] = typer.Option(None, "--worker-arg", hidden=True, help="Passed to the embedded workers (tests)"),
 ) -> None:
     """Run the tuning service: the REST API (/api/v1, docs at /docs) and, on SQLite, a worker."""
     from .server.config import load_settings
@@ -336,8 +339,7 @@ def serve(
 
     settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers,
                              kernel_dirs=[p.resolve() for p in kernel_dir] if kernel_dir else None)  # fmt: skip
-    args = [f"--{k}={v}" for k, v in (("runner", worker_runner), ("builder", worker_builder), ("space", worker_space)) if v]
-    run_server(settings, worker_args=args, access_log=access_log)
+    run_server(settings, worker_args=list(worker_arg or []), access_log=access_log)
 
 
 @app.command()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .candidate import Candidate
+from .candidate import Candidate, Lowering
 from .kernel import KernelSpec, load_kernel
 from .store import Store, StoredTrial, open_store
 from .task import Task
@@ -45,10 +45,21 @@ def best_trial(
     db: str | Store | None = None,
     env: Environment | None = None,
 ) -> StoredTrial | None:
-    """The fastest correct stored result for this kernel file, problem and device, or None."""
+    """The fastest correct stored result that tilelang can compile (a WS schedule
+    or one of tilelang's own lowerings, not the vendor reference), or None."""
     task = _task(kernel, problem)
     store = db if isinstance(db, Store) else open_store(db)
-    return store.best(key=workload_key(task, env=env))
+    found = fastest_compilable(store, workload_key(task, env=env))
+    return found[0] if found else None
+
+
+def fastest_compilable(store: Store, key: WorkloadKey, k: int = 1) -> list[StoredTrial]:
+    """The ``k`` fastest stored trials of ``key`` that compile to a tilelang kernel."""
+    workload = next((wid for wid, wkey in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash) if wkey == key), None)
+    # One reference per workload at most, so k + 1 rows always hold k others.
+    top = store.top_k(workload_id=workload, k=k + 1) if workload is not None else []
+    found = [t for t in top if t.candidate.lowering is not Lowering.REFERENCE][:k]
+    return found
 
 
 def best_schedule(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str, **kw: Any) -> Candidate | None:

@@ -34,3 +34,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def fake_key(device: str = "dev") -> "WorkloadKey":
+    from ws_tuner.workload import Environment, WorkloadKey
+
+    return WorkloadKey.make("gemm", "ab" * 32, {"M": 1}, Environment("sm_90a", device, "t", "c", "d"))

@@ -2,9 +2,13 @@
 PostgreSQL and on SQLite (WAL): exactly 500 terminal trials, no candidate twice,
 and the store holds exactly the 500 measured results.
 
-The workers are real `ws-tune worker` processes sharing the job's Optuna study
-(random sampler, RDB storage on the same database); the space, builder and
-runner are the package's fast test doubles, so the test measures the queue.
+The workers are real `ws-tune worker` processes; the space, builder and runner
+are the package's fast test doubles, so the test measures the queue. By
+default the job uses the grid strategy (every worker walks the same order, so
+the duplicate-candidate guard is exercised on nearly every claim); the
+``slow``-marked variant shares the job's Optuna study (random sampler, RDB
+storage on the same database), which costs about a minute per database on two
+cores, mostly in Optuna's own storage round trips.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ def _rows(db_url: str, sql: str, **params: object) -> list:
 
 
 @pytest.mark.timeout(300)
-def test_eight_workers_five_hundred_trials(db_url: str, make_job: Callable, spawn_worker: Callable, queue_of: Callable) -> None:
-    job = make_job(db_url, budget=TRIALS, strategy="random")
+@pytest.mark.parametrize("strategy", ["grid", pytest.param("random", marks=pytest.mark.slow)])
+def test_eight_workers_five_hundred_trials(
+    strategy: str, db_url: str, make_job: Callable, spawn_worker: Callable, queue_of: Callable
+) -> None:
+    job = make_job(db_url, budget=TRIALS, strategy=strategy)
     queue = queue_of(db_url)
     started = time.monotonic()
     # Leases generous enough for eight processes on two cores: no trial should be re-queued here.
@@ -50,5 +57,5 @@ def test_eight_workers_five_hundred_trials(db_url: str, make_job: Callable, spaw
     assert trials[0] == (TRIALS, TRIALS)  # measured results stored once each
     shared = {s.worker_id for s in slots}
     assert len(shared) >= 2, "the job was not shared"
-    print(f"\n{WORKERS} workers x {TRIALS} trials on {db_url.split(':')[0]}: {elapsed:.1f} s, "
+    print(f"\n{WORKERS} workers x {TRIALS} trials ({strategy}) on {db_url.split(':')[0]}: {elapsed:.1f} s, "
           f"{len(shared)} workers took part")  # fmt: skip

@@ -66,7 +66,7 @@ class WorkerOptions:
     compile_timeout: float = 300.0
     run_timeout: float = 60.0
     runner_delay: float = 0.0  # seconds per candidate of the dummy runner (tests)
-    exit_when_idle: bool = False  # leave when no job has work (tests, batch use)
+    exit_when_idle: bool = False  # leave once no job this worker could run is unfinished (tests, batch use)
 
 
 # --- stages -------------------------------------------------------------------
@@ -270,7 +270,9 @@ class Worker:
             while not self._stop.is_set():
                 claim = self._db("claim a job", self.queue.claim_job, self.id, self.device)
                 if claim is None:
-                    if self.options.exit_when_idle:
+                    # Idle means no job this worker could ever help with is unfinished: a
+                    # job whose trials are all leased elsewhere may still need a rescue.
+                    if self.options.exit_when_idle and not self._db("open jobs", self.queue.open_jobs, self.device):
                         break
                     self._stop.wait(self.settings.poll_interval)
                     continue
@@ -374,6 +376,7 @@ class _JobRun:
         self.builder, self.runner = stages.builder, stages.runner
         self.max_in_flight = max(worker.options.jobs, 1) + (1 if self.runner is not None else 0)
         self.in_flight: dict[Future, _Work] = {}
+        self.taken: set[str] = set()  # candidates of other slots of the job, as last read
 
     def run(self) -> None:
         w = self.w
@@ -420,7 +423,9 @@ class _JobRun:
         w = self.w
         if lease.candidate is not None:
             return Proposal(lease.candidate, dict(lease.decisions), token=lease.optuna_trial), False
-        for _ in range(MAX_PROPOSALS_PER_SLOT):
+        # Skipping what is known or taken is bounded by how much is known or taken;
+        # beyond that, a run of refusals means the strategy has nothing new.
+        for _ in range(len(self.known) + self.job.budget + MAX_PROPOSALS_PER_SLOT):
             if w._abort.is_set():
                 return None, False
             proposals = w._db("propose", self.strategy.propose, 1)
@@ -431,12 +436,16 @@ class _JobRun:
             if candidate.hash in self.known:  # measured before (an earlier run or job)
                 self._notify(proposal, self.known[candidate.hash].result)
                 continue
+            if candidate.hash in self.taken:  # another slot of this job has it (seen before)
+                self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "duplicate of another trial of the job"))
+                continue
             number = getattr(proposal.token, "number", None)
             outcome = w._db("assign", w.queue.assign_candidate, lease, candidate, proposal.decisions, number,
                             workload_id=self.workload_id)  # fmt: skip
             if outcome == ASSIGNED:
                 return proposal, False
-            if outcome == DUPLICATE:  # another slot of this job holds it
+            if outcome == DUPLICATE:  # another slot of this job holds it: learn what else is taken
+                self.taken = w._db("taken candidates", w.queue.job_candidate_hashes, self.job.id)
                 self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "duplicate of another trial of the job"))
                 continue
             # LOST: the slot is someone else's now; the proposal is told as failed.

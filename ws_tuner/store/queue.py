@@ -206,28 +206,29 @@ class JobQueue:
             )  # fmt: skip
             session.add(job)
             session.flush()
-            job_id = job.id
-        found = self.get_job(job_id)
-        assert found is not None
-        return found
+            session.refresh(job)
+            sha = session.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
+            return self._records(session, [(job, sha)], counts=False)[0]  # nothing counted yet
 
     def _job_query(self) -> Any:
         return select(JobModel, KernelModel.sha256).join(KernelModel, JobModel.kernel_id == KernelModel.id)
 
-    def _records(self, session: Session, rows: list[Any], *, with_best_candidate: bool = False) -> list[JobRecord]:
+    def _records(
+        self, session: Session, rows: list[Any], *, with_best_candidate: bool = False, counts: bool = True
+    ) -> list[JobRecord]:
         ids = [job.id for job, _ in rows]
-        counts: dict[int, dict[str, int]] = {i: {} for i in ids}
+        by_state: dict[int, dict[str, int]] = {i: {} for i in ids}
         search_counts: dict[int, dict[str, int]] = {i: {} for i in ids}
         best: dict[int, float] = {}
         best_hash: dict[int, str] = {}
-        if ids:
+        if ids and counts:
             q = (
                 select(JobTrialModel.job_id, JobTrialModel.kind, JobTrialModel.state, func.count())
                 .where(JobTrialModel.job_id.in_(ids))
                 .group_by(JobTrialModel.job_id, JobTrialModel.kind, JobTrialModel.state)
             )
             for job_id, kind, state, n in session.execute(q):
-                counts[job_id][state] = counts[job_id].get(state, 0) + n
+                by_state[job_id][state] = by_state[job_id].get(state, 0) + n
                 if kind == SEARCH:
                     search_counts[job_id][state] = n
             q = (
@@ -254,7 +255,7 @@ class JobQueue:
                 slots_claimed=job.slots_claimed, exhausted=bool(job.exhausted), error=job.error,
                 created_by=job.created_by, created_at=_utc(job.created_at), updated_at=_utc(job.updated_at),
                 started_at=_opt_utc(job.started_at), finished_at=_opt_utc(job.finished_at),
-                counts=counts[job.id], search_counts=search_counts[job.id], best_ms=best.get(job.id),
+                counts=by_state[job.id], search_counts=search_counts[job.id], best_ms=best.get(job.id),
                 best_candidate=best_hash.get(job.id),
             )  # fmt: skip
             for job, sha in rows
@@ -276,6 +277,14 @@ class JobQueue:
         with self.store.session_scope(read_only=True) as session:
             rows = session.execute(query.order_by(JobModel.id.desc()).limit(limit).offset(offset)).all()
             return self._records(session, list(rows)), int(session.scalar(count) or 0)
+
+    def open_jobs(self, device: str) -> int:
+        """How many queued or running jobs a worker on ``device`` could take part in."""
+        query = select(func.count()).select_from(JobModel).where(
+            JobModel.state.in_([QUEUED, RUNNING]), or_(JobModel.device.is_(None), JobModel.device == device)
+        )
+        with self.store.session_scope(read_only=True) as session:
+            return int(session.scalar(query) or 0)
 
     def job_state(self, job_id: int) -> str | None:
         with self.store.session_scope(read_only=True) as session:
@@ -375,10 +384,8 @@ class JobQueue:
                         started_at=func.coalesce(JobModel.started_at, now), updated_at=now)
             )  # fmt: skip
             session.execute(update(WorkerModel).where(WorkerModel.id == worker_id).values(job_id=row.id))
-            started = row.state == QUEUED
-            job_id = row.id
-        job = self.get_job(job_id)
-        return (job, started) if job is not None else None
+            claimed = session.execute(self._job_query().where(JobModel.id == row.id).execution_options(populate_existing=True)).all()
+            return self._records(session, list(claimed), counts=False)[0], row.state == QUEUED
 
     def claim_slot(self, job_id: int, worker_id: str) -> SlotLease | None:
         """A slot of the job for this worker: a queued one (a retry, a handed-back
@@ -476,6 +483,14 @@ class JobQueue:
             except IntegrityError:  # lost a race for the same candidate with another slot
                 return DUPLICATE
             return ASSIGNED if result.rowcount == 1 else LOST
+
+    def job_candidate_hashes(self, job_id: int) -> set[str]:
+        """The candidates the job's slots hold (any state)."""
+        with self.store.session_scope(read_only=True) as session:
+            rows = session.scalars(
+                select(JobTrialModel.candidate_hash).where(JobTrialModel.job_id == job_id, JobTrialModel.candidate_hash.is_not(None))
+            )
+            return set(rows)
 
     def finish_slot(self, lease: SlotLease, *, workload_id: int, candidate: Candidate, result: TrialResult) -> bool:
         """Record the slot's result, fenced by its epoch: the slot is closed and the

@@ -1,0 +1,139 @@
+"""Reliability scenarios 7 and 8, on PostgreSQL and SQLite: races decided by the
+database, each contender on its own connection pool (as separate workers are).
+
+7. Two workers racing to claim one job, 1000 times: exactly one claim every round.
+8. Two sweepers failing the same stale trial: both finish without error, and
+   the trial is retried exactly once (or, past max_retry, failed exactly once).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from svc_helpers import fake_key
+
+from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.store import Store
+from ws_tuner.store.queue import JobQueue
+
+ROUNDS = 1000
+
+
+def _race(*contenders: Callable[[], Any]) -> list[Any]:
+    """Run the callables at the same instant in threads; their results, or their exceptions."""
+    barrier = threading.Barrier(len(contenders))
+    results: list[Any] = [None] * len(contenders)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = contenders[i]()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(contenders))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+@pytest.mark.timeout(240)
+def test_two_workers_racing_for_one_job(db_url: str, make_job: Callable, open_db: Callable) -> None:
+    a, b = JobQueue(open_db(db_url)), JobQueue(open_db(db_url))  # two workers, two pools
+    job = make_job(db_url, budget=1)
+
+    def claim(queue: JobQueue, worker: str) -> tuple[bool, bool]:
+        found = queue.claim_job(worker, "dev")
+        lease = queue.claim_slot(found[0].id, worker) if found else None
+        return (found is not None and found[1]), lease is not None
+
+    for round_ in range(ROUNDS):
+        if round_:
+            job = a.create_job(kernel_id=job.kernel_id, kernel="gemm", problem={"M": round_}, problem_checked=True,
+                               params=None, strategy="random", seed=0, budget=1)  # fmt: skip
+        results = _race(lambda: claim(a, "wa"), lambda: claim(b, "wb"))
+        assert not [r for r in results if isinstance(r, Exception)], results
+        started = [r[0] for r in results]
+        leased = [r[1] for r in results]
+        assert sum(leased) == 1, f"round {round_}: {results}"  # exactly one claim
+        assert sum(started) == 1, f"round {round_}: {results}"  # and one start
+    jobs, count = a.list_jobs(limit=ROUNDS)
+    assert count == ROUNDS and all(j.slots_claimed == 1 and j.counts == {"running": 1} for j in jobs)
+
+
+def _backdate(db_url: str, seconds: int = 600) -> None:
+    """Make every RUNNING trial look abandoned (its worker died long ago)."""
+    ago = "now() - interval '10 minutes'" if db_url.startswith("postgresql") else "datetime('now', '-600 seconds')"
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"UPDATE ws_tune_job_trials SET heartbeat_at = {ago} WHERE state = 'running'"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("attempts_before", [1, 3], ids=["retried", "quarantined"])
+def test_two_sweepers_race_over_a_stale_trial(attempts_before: int, db_url: str, make_job: Callable, open_db: Callable) -> None:
+    store = open_db(db_url)
+    a, b = JobQueue(store), JobQueue(open_db(db_url))
+    job = make_job(db_url, budget=40)
+    a.claim_job("dead-worker", "dev")
+    workload = store.workload_id(fake_key())
+    for round_ in range(20):
+        lease = a.claim_slot(job.id, "dead-worker")
+        assert lease is not None
+        candidate = Candidate.make({"round": round_}, None, Lowering.DEFAULT)
+        assert a.assign_candidate(lease, candidate, workload_id=workload) == "assigned"
+        if attempts_before > 1:  # it already killed workers twice: this is its last chance gone
+            _set_attempts(db_url, lease.id, attempts_before)
+        _backdate(db_url)
+        reports = _race(lambda: a.sweep(grace=15, max_retry=2), lambda: b.sweep(grace=15, max_retry=2))
+        assert not [r for r in reports if isinstance(r, Exception)], reports  # both sweepers "exit 0"
+        trial = next(t for t in a.job_trials(job.id, limit=500)[0] if t.id == lease.id)
+        if attempts_before == 1:
+            assert sum(r.requeued for r in reports) == 1 and sum(r.failed for r in reports) == 0
+            assert (trial.state, trial.epoch, trial.worker_id) == ("queued", lease.epoch + 1, None)
+            retry = a.claim_slot(job.id, "next-worker")  # the retry: the same candidate, a new epoch
+            assert retry is not None and retry.id == lease.id and retry.candidate == candidate and retry.epoch == lease.epoch + 2
+            assert retry.attempts == 2
+            # The dead worker's late result is refused (fencing); the retry's is recorded.
+            from ws_tuner.result import Status, Timing, TrialResult
+
+            result = TrialResult(candidate.hash, Status.OK, timing=Timing(1.0, 1.0, 1.0, 1))
+            assert not a.finish_slot(lease, workload_id=workload, candidate=candidate, result=result)
+            assert a.finish_slot(retry, workload_id=workload, candidate=candidate, result=result)
+        else:
+            assert sum(r.failed for r in reports) == 1 and sum(r.requeued for r in reports) == 0
+            assert (trial.state, trial.status) == ("failed", "crash") and "quarantined" in (trial.message or "")
+            stored = store.get_trial(workload_id=workload, candidate_hash=candidate.hash)
+            assert stored is not None and stored.result.status.value == "crash"
+
+
+def _set_attempts(db_url: str, trial_id: int, attempts: int) -> None:
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE ws_tune_job_trials SET attempts = :a WHERE id = :i"), {"a": attempts, "i": trial_id})
+    finally:
+        engine.dispose()
+
+
+def test_a_lost_lease_cannot_be_heartbeaten_back(db_url: str, make_job: Callable, open_db: Callable) -> None:
+    queue = JobQueue(open_db(db_url))
+    job = make_job(db_url, budget=2)
+    queue.register_worker("w1", host="h", pid=1, gpu=None, device="dev")
+    queue.claim_job("w1", "dev")
+    lease = queue.claim_slot(job.id, "w1")
+    assert lease is not None and queue.heartbeat("w1") == {lease.id}
+    _backdate(db_url)
+    assert queue.sweep(grace=15, max_retry=2).requeued == 1
+    assert queue.heartbeat("w1") == set()  # the worker learns it lost the lease
+    assert queue.worker_stopped("w1") == 0  # and has nothing to hand back
+    assert [w.state for w in queue.list_workers()] == ["stopped"]
