@@ -32,7 +32,7 @@ from ws_tuner.tune import TuneOptions, TuneReport, Tuner
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gemm.py"
 GRID = {"block_M": (128,), "block_N": (128, 256), "block_K": (64, 128), "swizzle": (0, 8), "epilogue": ("direct", "smem"), "persistent": (False, True)}
-EXHAUSTIVE_GRID = {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (8,), "epilogue": ("smem",), "persistent": (False, True)}
+EXHAUSTIVE_GRID = {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (8,), "epilogue": ("direct", "smem"), "persistent": (False, True)}
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x8192x1024", "2048x8192x8192")
 
 
