@@ -216,3 +216,15 @@ class _suppress:
 @pytest.fixture
 def queue_of(open_db: Callable[[str], Store]) -> Callable[[str], JobQueue]:
     return lambda db_url: JobQueue(open_db(db_url))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow` service tests (a 30 s outage, Optuna-shared 8 x 500) run only when asked
+    for (`-m slow`, or WS_TUNE_SLOW=1): the default suite stays within minutes."""
+    if os.environ.get("WS_TUNE_SLOW") or "slow" in (config.getoption("-m") or ""):
+        return
+    here = Path(__file__).resolve().parent
+    skip = pytest.mark.skip(reason="slow: run with -m slow or WS_TUNE_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords and here in Path(str(item.path)).resolve().parents:
+            item.add_marker(skip)

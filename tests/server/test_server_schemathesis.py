@@ -27,7 +27,7 @@ from svc_helpers import fast_settings, wait_for
 from ws_tuner.server.main import create_app
 from ws_tuner.server.security import display_prefix, generate_token, hash_token
 
-EXAMPLES = int(os.environ.get("WS_TUNE_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("WS_TUNE_FUZZ_EXAMPLES", "15"))
 TOKEN = generate_token()  # admin; its hash goes into each fuzzed database
 
 

@@ -17,8 +17,9 @@ from ..result import Status, TrialResult
 from ..space import ScheduleSpace
 from .base import Proposal, SearchStrategy
 
-# A sampler stuck in a pruned corner of the space gives up after this many tries per proposal.
+# A sampler stuck in a pruned or fully measured corner gives up after this many tries per proposal.
 MAX_PRUNED_IN_A_ROW = 200
+REPEATS_BEFORE_EXPLORING = 5
 
 
 class OptunaSearch(SearchStrategy):
@@ -31,15 +32,17 @@ class OptunaSearch(SearchStrategy):
 
     def pre_tuning(self, space: ScheduleSpace, history: list[tuple[dict[str, Any], TrialResult]]) -> None:
         super().pre_tuning(space, history)
-        sampler = (
+        self._explorer = optuna.samplers.RandomSampler(seed=self.seed + 1)
+        self._sampler = (
             optuna.samplers.RandomSampler(seed=self.seed)
             if self.kind == "random"
             else optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=10)
         )
         self.study = optuna.create_study(
-            direction="minimize", sampler=sampler, storage=self.storage, study_name=self.study_name, load_if_exists=True
+            direction="minimize", sampler=self._sampler, storage=self.storage, study_name=self.study_name, load_if_exists=True
         )
         self._seen: set[str] = set()
+        self._values: dict[str, float] = {}  # candidate hash -> measured median ms
         self.pruned = 0  # sampled points the static rules refused
         known = {tuple(sorted(t.params.items())) for t in self.study.trials}
         for decisions, result in history:
@@ -59,6 +62,8 @@ class OptunaSearch(SearchStrategy):
             )
         )
         self._seen.add(result.candidate_hash)
+        if ok:
+            self._values[result.candidate_hash] = result.timing.median_ms  # type: ignore[union-attr]
 
     def _choices(self, decisions: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
         """Each decision's choice list, by replaying the space's sampler."""
@@ -72,10 +77,12 @@ class OptunaSearch(SearchStrategy):
         return {k: v for k, v in choices.items() if k in decisions}
 
     def propose(self, n: int) -> list[Proposal]:
-        """Up to ``n`` new candidates; empty once the sampler only finds pruned or seen points."""
+        """Up to ``n`` new candidates; empty once no unseen point can be found."""
         out: list[Proposal] = []
         misses = 0
         while len(out) < n and misses < MAX_PRUNED_IN_A_ROW:
+            # A converged TPE keeps proposing its favourite; after a few repeats, explore at random.
+            self.study.sampler = self._explorer if misses >= REPEATS_BEFORE_EXPLORING else self._sampler
             trial = self.study.ask()
             point = self.space.sample(lambda name, options: trial.suggest_categorical(name, list(options)))
             candidate = self.space.candidate(point)
@@ -84,19 +91,25 @@ class OptunaSearch(SearchStrategy):
                 self.pruned += 1
                 misses += 1
                 continue
-            if candidate.hash in self._seen:  # samplers repeat points; measuring twice teaches nothing
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if candidate.hash in self._seen:  # measured already: tell the sampler what it was
+                known = self._values.get(candidate.hash)
+                if known is None:
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    self.study.tell(trial, known)
                 misses += 1
                 continue
             self._seen.add(candidate.hash)
             misses = 0
             out.append(Proposal(candidate, dict(trial.params), token=trial))
+        self.study.sampler = self._sampler
         return out
 
     def notify(self, proposal: Proposal, result: TrialResult) -> None:
         if proposal.token is None:
             return
         if result.status is Status.OK and result.timing is not None:
+            self._values[result.candidate_hash] = result.timing.median_ms
             self.study.tell(proposal.token, result.timing.median_ms)
         else:
             self.study.tell(proposal.token, state=optuna.trial.TrialState.FAIL)
