@@ -27,7 +27,7 @@ from ws_tuner.runner import EvaluatorConfig, LocalRunner
 from ws_tuner.space import SpaceConfig
 from ws_tuner.store import open_store
 from ws_tuner.task import Task
-from ws_tuner.tune import TuneOptions, TuneReport, Tuner
+from ws_tuner.tune import TuneOptions, Tuner, TuneReport
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gemm.py"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import multiprocessing
+import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -113,7 +114,10 @@ class LocalBuilder(Builder):
 
     def __init__(self, jobs: int = 1, timeout: float = 300.0):
         self.jobs, self.timeout = jobs, timeout
-        self._pool = ProcessPool(max_workers=jobs, context=multiprocessing.get_context("spawn"))
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        self._pool = ProcessPool(
+            max_workers=jobs, context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+        )
 
     def submit(self, build_input: BuildInput) -> "Future[BuildResult]":
         started = time.perf_counter()
@@ -138,6 +142,12 @@ class LocalBuilder(Builder):
         self._pool.close()
         self._pool.join(timeout=5)
         self._pool.stop()
+
+
+def _init_worker(threads: int) -> None:
+    """Share the cores among the workers: TVM's pool would take all of them in each."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 class InProcessBuilder(Builder):

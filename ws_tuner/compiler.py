@@ -22,10 +22,10 @@ from tilelang import tvm
 from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
+from .schedule import SYNC_KINDS, Pipeline, Role, Schedule, Scope, Sync
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
-from .schedule import ROOT_SCOPE, SYNC_KINDS, Pipeline, Role, Schedule, Scope, Sync
 
 ARCH = "sm_90a"
 WS_ANNOTATION = "tl.ws_schedule"

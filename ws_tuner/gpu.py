@@ -10,6 +10,7 @@ median and 20th/80th percentiles kept.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
@@ -106,7 +107,6 @@ def evaluate(run_input: Any) -> TrialResult:
 
 
 def _evaluate(run_input: Any) -> TrialResult:
-    torch = _torch()
     config = run_input.config
     candidate: Candidate = run_input.candidate
     try:
@@ -183,9 +183,9 @@ def retime(run_inputs: list[Any], rounds: int) -> list[TrialResult]:
         launches.append((run_input, task, launch, task.spec.inputs(task.problem, "cuda")))
     samples: dict[str, list[float]] = {ri.candidate.hash: [] for ri, *_ in launches}
     for _ in range(rounds):
-        for run_input, _task_, launch, args in launches:
+        for run_input, _, launch, args in launches:
             cfg = run_input.config
-            t = time_launches(lambda: launch(args), max(cfg.warmup // 2, 1), cfg.reps, cfg.flush_l2)
+            t = time_launches(functools.partial(launch, args), max(cfg.warmup // 2, 1), cfg.reps, cfg.flush_l2)
             samples[run_input.candidate.hash].append(t.median_ms)
     out = []
     for run_input, task, *_ in launches:

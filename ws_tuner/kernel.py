@@ -174,8 +174,7 @@ def load_kernel(path: str | Path) -> KernelSpec:
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
         raise KernelFileError(f"{path} is not a ws-tune kernel file: it lacks {', '.join(missing)} (see ws_tuner/kernel.py)")
-    problem = getattr(module, "PROBLEM")
-    params = getattr(module, "PARAMS")
+    problem, params = module.PROBLEM, module.PARAMS
     if not isinstance(problem, dict) or not isinstance(params, dict):
         raise KernelFileError(f"{path}: PROBLEM and PARAMS must be dicts")
     if any(not isinstance(v, (list, tuple)) or not v for v in params.values()):

@@ -3,7 +3,6 @@ as one line with exit code 2 and nothing half-written."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -84,7 +84,7 @@ class OptunaSearch(SearchStrategy):
             # A converged TPE keeps proposing its favourite; after a few repeats, explore at random.
             self.study.sampler = self._explorer if misses >= REPEATS_BEFORE_EXPLORING else self._sampler
             trial = self.study.ask()
-            point = self.space.sample(lambda name, options: trial.suggest_categorical(name, list(options)))
+            point = self.space.sample(lambda name, options, trial=trial: trial.suggest_categorical(name, list(options)))
             candidate = self.space.candidate(point)
             if isinstance(candidate, str):
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)

@@ -1,7 +1,6 @@
 """A kernel that never finishes: it spins on a condition that random inputs never meet."""
 
 import tilelang.language as T
-
 from _common import PARAMS, PROBLEM, flops, inputs, reference  # noqa: F401
 
 

@@ -3,7 +3,6 @@ an illegal memory access. A wild pointer, because tilelang guards indexed
 stores into declared tensors."""
 
 import tilelang.language as T
-
 from _common import PARAMS, PROBLEM, flops, inputs, reference  # noqa: F401
 
 

@@ -1,7 +1,6 @@
 """A kernel that asks for 240 KB of shared memory: it compiles, but cannot launch on sm_90 (227 KB)."""
 
 import tilelang.language as T
-
 from _common import PARAMS, PROBLEM, flops, inputs, reference  # noqa: F401
 
 SMEM_FLOATS = 240 * 1024 // 4
@@ -12,7 +11,7 @@ def kernel(problem, *, threads):
 
     @T.prim_func
     def big(A: T.Tensor((n,), "float32"), C: T.Tensor((n,), "float32")):
-        with T.Kernel(1, threads=threads) as bx:
+        with T.Kernel(1, threads=threads):
             S = T.alloc_shared((SMEM_FLOATS,), "float32")
             for i in T.Parallel(SMEM_FLOATS):
                 S[i] = A[i % n] * 2

@@ -1,7 +1,6 @@
 """A kernel that runs fine and computes the wrong thing (3*A where the reference says 2*A)."""
 
 import tilelang.language as T
-
 from _common import PARAMS, PROBLEM, flops, inputs, reference  # noqa: F401
 
 
