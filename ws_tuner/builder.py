@@ -25,10 +25,17 @@ from .result import Status
 
 @dataclass(frozen=True)
 class BuildInput:
+    """A candidate of a kernel file at a problem: what a worker process needs to rebuild it."""
+
     kernel_path: str
     source_hash: str
     problem: dict[str, Any]
     candidate: Candidate
+
+    def task(self) -> Any:
+        from .task import Task
+
+        return Task.load(self.kernel_path, self.source_hash, self.problem)
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ def build_one(build_input: BuildInput) -> BuildResult:
     if build_input.candidate.lowering is Lowering.REFERENCE:
         return done(Status.BUILT, "the kernel file's reference: nothing to build")
     try:
-        task = _task(build_input)
+        task = build_input.task()
         func, pass_configs = task.lowered(build_input.candidate)
         if build_input.candidate.schedule is not None:
             compiler.verify(func)
@@ -85,24 +92,6 @@ def build_one(build_input: BuildInput) -> BuildResult:
     except (compiler.CompilerError, KernelFileError) as exc:
         return done(Status.COMPILE_ERROR, str(exc))
     return done(Status.BUILT)
-
-
-_TASKS: dict[tuple[str, str, str], Any] = {}
-
-
-def _task(build_input: BuildInput) -> Any:
-    """The worker's Task for this kernel file and problem, loaded once per process."""
-    from .candidate import canonical_json
-    from .kernel import KernelFileError, load_kernel
-    from .task import Task
-
-    key = (build_input.kernel_path, build_input.source_hash, canonical_json(build_input.problem))
-    if key not in _TASKS:
-        spec = load_kernel(build_input.kernel_path)
-        if spec.source_hash != build_input.source_hash:
-            raise KernelFileError(f"{build_input.kernel_path} changed while tuning; start again")
-        _TASKS[key] = Task.make(spec, build_input.problem)
-    return _TASKS[key]
 
 
 class LocalBuilder(Builder):

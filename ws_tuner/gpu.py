@@ -82,9 +82,8 @@ def _smi(field: str, gpu: int) -> str:
 def _compiled(run_input: Any) -> tuple[Any, Callable[[list[Any]], Any]]:
     """(task, launch) for a candidate; kernels come from tilelang's cache after the builder."""
     from . import compiler
-    from .builder import _task
 
-    task = _task(run_input)
+    task = run_input.task()
     candidate: Candidate = run_input.candidate
     if candidate.lowering is Lowering.REFERENCE:
         return task, lambda args: task.spec.reference(task.problem, args)

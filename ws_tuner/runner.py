@@ -19,6 +19,7 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+from .builder import BuildInput
 from .candidate import Candidate
 from .result import Status, TrialResult
 from .workload import Environment
@@ -36,11 +37,9 @@ class EvaluatorConfig:
 
 
 @dataclass(frozen=True)
-class RunInput:
-    kernel_path: str
-    source_hash: str
-    problem: dict[str, Any]
-    candidate: Candidate
+class RunInput(BuildInput):
+    """A built candidate to check and time, with the timing protocol."""
+
     config: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
 

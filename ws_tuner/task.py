@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import compiler
-from .candidate import Candidate, Lowering
-from .kernel import KernelSpec
+from .candidate import Candidate, Lowering, canonical_json
+from .kernel import KernelFileError, KernelSpec, load_kernel
 from .space import PointInfo, ScheduleSpace, SpaceConfig
+
+
+_LOADED: dict[tuple[str, str, str], "Task"] = {}
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,21 @@ class Task:
         space_config: SpaceConfig | None = None,
     ) -> "Task":
         return cls(spec, problem, dict(param_grid or spec.params), space_config or SpaceConfig())
+
+    @classmethod
+    def load(cls, kernel_path: str, source_hash: str, problem: dict[str, Any]) -> "Task":
+        """The task of a kernel file, loaded once per process (builder and runner workers).
+
+        The file must still be the one the tuner hashed: a kernel edited while
+        tuning would otherwise be measured under the old one's key.
+        """
+        key = (kernel_path, source_hash, canonical_json(problem))
+        if key not in _LOADED:
+            spec = load_kernel(kernel_path)
+            if spec.source_hash != source_hash:
+                raise KernelFileError(f"{kernel_path} changed while tuning; start again")
+            _LOADED[key] = cls.make(spec, problem)
+        return _LOADED[key]
 
     def primfunc(self, params: dict[str, Any]) -> Any:
         try:

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from .builder import Builder, BuildInput, BuildResult, _task
+from .builder import Builder, BuildInput, BuildResult
 from .candidate import Candidate, Lowering
 from .result import Status, Timing, TrialResult
 from .runner import RunInput, Runner
@@ -92,7 +92,7 @@ class VerifyOnlyBuilder(Builder):
         status, message = Status.BUILT, "verified (nvcc skipped by the test double)"
         if candidate.lowering is Lowering.WS:
             try:
-                func, _ = _task(build_input).lowered(candidate)
+                func, _ = build_input.task().lowered(candidate)
                 compiler.verify(func)
             except compiler.ScheduleRejected as exc:
                 status, message = Status.REJECTED, str(exc)

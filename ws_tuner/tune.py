@@ -192,14 +192,17 @@ class Tuner:
         return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS] if best else []
 
     # --- the build -> run -> store pipeline ---------------------------------
+    def _ref(self) -> tuple[str, str, dict[str, Any]]:
+        """How a worker process finds this task again: kernel file, its hash, the problem."""
+        return str(self.task.spec.path), self.task.spec.source_hash, self.task.problem
+
     def _submit(self, proposal: Proposal, role: str) -> bool:
         """Send a candidate to the builder; False if it was already measured."""
         candidate = proposal.candidate
         if candidate.hash in self._done_hashes:
             return False
         self._done_hashes.add(candidate.hash)
-        build_input = BuildInput(str(self.task.spec.path), self.task.spec.source_hash, self.task.problem, candidate)
-        self._builds[self.builder.submit(build_input)] = (proposal, role)
+        self._builds[self.builder.submit(BuildInput(*self._ref(), candidate))] = (proposal, role)
         return True
 
     def _wait_one(self, deadline: float) -> None:
@@ -226,7 +229,7 @@ class Tuner:
             result = TrialResult(proposal.candidate.hash, build.status, build.message, build_seconds=build.seconds)
             self._finish(proposal, result, role)
             return
-        run_input = RunInput(str(self.task.spec.path), self.task.spec.source_hash, self.task.problem, proposal.candidate, self.options.evaluator)
+        run_input = RunInput(*self._ref(), proposal.candidate, self.options.evaluator)
         self._runs[self.runner.submit(run_input)] = (proposal, role, build)
 
     def _finish(self, proposal: Proposal, result: TrialResult, role: str) -> None:
@@ -254,10 +257,7 @@ class Tuner:
         chosen = {r.candidate.hash: r for r in ws + [b for b in baselines if b]}
         if not chosen:
             return
-        inputs = [
-            RunInput(str(self.task.spec.path), self.task.spec.source_hash, self.task.problem, r.candidate, self.options.evaluator)
-            for r in chosen.values()
-        ]
+        inputs = [RunInput(*self._ref(), r.candidate, self.options.evaluator) for r in chosen.values()]
         self.listener("confirm", None)
         for result in self.runner.retime(inputs, self.options.confirm_rounds):
             record = chosen[result.candidate_hash]
