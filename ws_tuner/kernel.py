@@ -30,8 +30,6 @@ A kernel file is a Python module that defines, at top level:
     prune before anything is built.
 ``TOLERANCE: float`` (optional, default 1e-2)
     Largest relative error ``|out - ref| / |ref|`` that counts as correct.
-``PINGPONG: bool`` (optional, default False)
-    The kernel's consumer work may be split into two ping-pong roles.
 """
 
 from __future__ import annotations
@@ -61,7 +59,6 @@ class KernelSpec:
     params: dict[str, tuple[Any, ...]]
     outputs: tuple[int, ...] = (-1,)
     tolerance: float = 1e-2
-    pingpong: bool = False
     module: ModuleType | None = field(default=None, compare=False, repr=False)
 
     # --- the user's functions, called through one place each ---------------
@@ -191,6 +188,5 @@ def load_kernel(path: str | Path) -> KernelSpec:
         params={k: tuple(v) for k, v in params.items()},
         outputs=tuple(getattr(module, "OUTPUTS", (-1,))),
         tolerance=float(getattr(module, "TOLERANCE", 1e-2)),
-        pingpong=bool(getattr(module, "PINGPONG", False)),
         module=module,
     )
