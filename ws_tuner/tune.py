@@ -9,6 +9,7 @@ and a second run of the same tuning reuses what the first one stored.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -175,7 +176,7 @@ class Tuner:
         return out
 
     def _valid_param_points(self) -> list[tuple[tuple[str, Any], ...]]:
-        space = self.strategy.space
+        space = self.task.space()
         return [p for p in space.param_points() if not isinstance(space.shape(p), str)]
 
     def _nearest_best(self, k: int = 3) -> list[Candidate]:
@@ -184,12 +185,14 @@ class Tuner:
         for workload_id, key in self.store.find_workloads(kernel=self.key.kernel, source_hash=self.key.source_hash, device=self.key.device):
             if workload_id == self.workload_id:
                 continue
-            distance = _problem_distance(self.task.problem, _loads(key.problem))
+            distance = _problem_distance(self.task.problem, json.loads(key.problem))
             if distance is not None and (best is None or distance < best[0]):
                 top = self.store.top_k(workload_id=workload_id, k=k)
                 if top:
                     best = (distance, top)
-        return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS] if best else []
+        space = self.task.space()
+        # Only schedules whose kernel parameters can serve this problem (tile divisibility and the like).
+        return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS and not isinstance(space.shape(t.candidate.params), str)] if best else []
 
     # --- the build -> run -> store pipeline ---------------------------------
     def _ref(self) -> tuple[str, str, dict[str, Any]]:
@@ -275,12 +278,6 @@ class Tuner:
 
 def _with_build(result: TrialResult, build: BuildResult) -> TrialResult:
     return TrialResult(**{**result.__dict__, "build_seconds": build.seconds})
-
-
-def _loads(text: str) -> dict[str, Any]:
-    import json
-
-    return json.loads(text)
 
 
 def _problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float | None:
