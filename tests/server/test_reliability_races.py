@@ -137,3 +137,23 @@ def test_a_lost_lease_cannot_be_heartbeaten_back(db_url: str, make_job: Callable
     assert queue.heartbeat("w1") == set()  # the worker learns it lost the lease
     assert queue.worker_stopped("w1") == 0  # and has nothing to hand back
     assert [w.state for w in queue.list_workers()] == ["stopped"]
+
+
+@pytest.mark.postgres
+def test_a_stalled_transaction_does_not_block_the_others(pg_url: str, make_job: Callable, open_db: Callable) -> None:
+    """A worker frozen inside a transaction (SIGSTOP) holds its row locks only until
+    PostgreSQL ends the idle transaction; then the others proceed."""
+    import time
+
+    frozen = JobQueue(open_db(pg_url), stalled_transaction_timeout=1.0)
+    job = make_job(pg_url, budget=3)
+    connection = frozen.store._engine.connect()
+    connection.execute(text("UPDATE ws_tune_jobs SET seed = 1 WHERE id = :j"), {"j": job.id})  # holds the job's row lock
+    started = time.monotonic()
+    other = JobQueue(open_db(pg_url))
+    assert other.cancel_job(job.id).state == "cancelled"  # waits for the lock, then gets it
+    assert 0.8 < time.monotonic() - started < 10
+    with pytest.raises(Exception):  # the frozen session was terminated by the server
+        connection.execute(text("SELECT 1"))
+    connection.invalidate()
+    connection.close()

@@ -87,8 +87,14 @@ def test_kill_9_mid_trial(db_url: str, make_job: Callable, spawn_worker: Callabl
     assert rescuer.wait(30) == 0
 
 
+@pytest.mark.postgres
 @pytest.mark.timeout(120)
-def test_sigstop_past_grace_is_fenced(db_url: str, make_job: Callable, spawn_worker: Callable, queue_of: Callable) -> None:
+def test_sigstop_past_grace_is_fenced(pg_url: str, make_job: Callable, spawn_worker: Callable, queue_of: Callable) -> None:
+    """PostgreSQL only: a process stopped inside a SQLite write transaction keeps the
+    file's write lock, and every other process waits for it (SQLite is the
+    one-machine set-up). PostgreSQL aborts a transaction left idle that long
+    (idle_in_transaction_session_timeout, set by the queue), so the others go on."""
+    db_url = pg_url
     queue = queue_of(db_url)
     job = make_job(db_url, budget=4)
     sleeper = spawn_worker(db_url, *FAKE_ARGS, "--runner-delay", "1.0", "--exit-when-idle", log_name="sleeper.log")

@@ -19,10 +19,12 @@ H200 = Environment("sm_90a", "NVIDIA H200", "0.1.15", "12.8", "570.1")
 PROBLEM = {"K": 4096, "M": 4096, "N": 4096, "b_layout": "row", "dtype": "float16"}
 
 
-def _commit(store: Store, median_ms: float, i: int, env: Environment = H200, problem: dict | None = None) -> Candidate:
+def _commit(store: Store, median_ms: float, i: int, env: Environment = H200, problem: dict | None = None,
+            lowering: Lowering = Lowering.DEFAULT) -> Candidate:  # fmt: skip
     spec_hash = load_kernel(EXAMPLES / "gemm.py").source_hash
     workload = store.workload_id(WorkloadKey.make("gemm", spec_hash, problem or PROBLEM, env))
-    candidate = Candidate.make({"block_M": 128, "block_N": 256, "i": i}, None, Lowering.DEFAULT)
+    params = {} if lowering is Lowering.REFERENCE else {"block_M": 128, "block_N": 256, "i": i}
+    candidate = Candidate.make(params, None, lowering)
     timing = Timing(median_ms, median_ms * 0.99, median_ms * 1.01, 30)
     store.commit_trial(workload_id=workload, candidate=candidate, result=TrialResult(candidate.hash, Status.OK, timing=timing, tflops=100.0))
     return candidate
@@ -36,6 +38,7 @@ def test_best_lookup_with_etag(db_url: str, live_server: Callable, open_db: Call
     _commit(store, 0.7, 3)
     _commit(store, 0.1, 4, env=Environment("sm_90a", "NVIDIA H100", "0.1.15", "12.8", "570.1"))  # another device
     _commit(store, 0.2, 5, problem={**PROBLEM, "dtype": "bfloat16"})  # another problem
+    _commit(store, 0.05, 0, lowering=Lowering.REFERENCE)  # the vendor library: a baseline, never the answer
     params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
     with live.client() as client:
         first = client.get("/best", params=params)
@@ -80,6 +83,23 @@ def test_best_answers_are_cached(db_url: str, live_server: Callable, open_db: Ca
         assert client.get("/best", params=params).json()["candidate_hash"] == first.hash  # served from memory
         live.services.best_cache.clear()
         assert client.get("/best", params=params).json()["candidate_hash"] != first.hash
+
+
+def test_fast_path_and_stale_while_revalidate(db_url: str, live_server: Callable, open_db: Callable) -> None:
+    live = live_server(db_url, best_cache_ttl=0.3)
+    store = open_db(db_url)
+    first = _commit(store, 0.5, 1)
+    params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
+    with live.client() as client:
+        routed = client.get("/best", params=params)  # through the route: validated, looked up, remembered
+        served = client.get("/best", params=params)  # the same query string: from the fast path
+        assert served.content == routed.content and served.headers["etag"] == routed.headers["etag"]
+        assert served.headers["content-type"] == "application/json"
+        assert client.get("/best", params=params, headers={"If-None-Match": routed.headers["etag"]}).status_code == 304
+        newer = _commit(store, 0.2, 2)
+        # Past the TTL the old answer may be served once more while it is refreshed; then the new one.
+        wait_for(lambda: client.get("/best", params=params).json()["candidate_hash"] == newer.hash, 10, 0.05, "the refresh")
+        assert first.hash != newer.hash
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -5,6 +5,7 @@ with one clear message and writes nothing."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 import httpx
@@ -201,3 +202,38 @@ def test_openapi_and_docs(db_url: str, live_server: Callable) -> None:
     assert spec["paths"]["/api/v1/jobs"]["post"]["operationId"] == "jobs-create_job"
     assert spec["paths"]["/api/v1/jobs"]["post"]["security"] == [{"HTTPBearer": []}]
     assert "security" not in spec["paths"]["/api/v1/jobs"]["get"]  # public reads
+
+
+def test_baselines_time_budget_and_cancel_with_a_worker(
+    db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable
+) -> None:
+    from collections import Counter
+
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    worker_thread(db_url)
+    with live.client(token) as client:
+        def finished(job_id: int) -> Any:
+            return wait_for(lambda: (j := client.get(f"/jobs/{job_id}").json())["state"] in ("succeeded", "cancelled") and j, 60)
+
+        # Baselines come on top of the search budget.
+        job = client.post("/jobs", json={**GOOD, "budget": 6, "baselines": True}).json()
+        done = finished(job["id"])
+        kinds = Counter(t["kind"] for t in client.get(f"/jobs/{job['id']}/trials").json()["data"])
+        assert kinds == {"search": 6, "baseline": 2} and done["progress"]["claimed"] == 6 and done["progress"]["done"] == 8
+        assert done["best"]["median_ms"] < 1.0  # the search's best, not a baseline's
+
+        # A time budget stops claiming; the job still ends "succeeded", with what it measured.
+        timed = client.post("/jobs", json={**GOOD, "budget": 100000, "time_budget": 0.5}).json()
+        done = finished(timed["id"])
+        assert done["state"] == "succeeded" and 0 < done["progress"]["claimed"] < 100000
+        assert done["progress"]["done"] == done["progress"]["claimed"]
+
+        # Cancelling a running job: what is in flight finishes, nothing new is claimed.
+        big = client.post("/jobs", json={**GOOD, "budget": 100000}).json()
+        wait_for(lambda: client.get(f"/jobs/{big['id']}").json()["progress"]["done"] >= 5, 30)
+        assert client.post(f"/jobs/{big['id']}/cancel").json()["state"] == "cancelled"
+        settled = wait_for(lambda: (j := client.get(f"/jobs/{big['id']}").json())["progress"]["running"] == 0 and j, 30)
+        time.sleep(0.5)
+        again = client.get(f"/jobs/{big['id']}").json()
+        assert again["state"] == "cancelled" and again["progress"]["claimed"] == settled["progress"]["claimed"] < 100000

@@ -50,8 +50,15 @@ class FakeSpace:
         return dict(self.axes_)
 
 
+def fake_baselines() -> list[Candidate]:
+    """Stand-ins for the kernel's own schedule and tilelang's lowerings."""
+    return [Candidate.make({}, None, Lowering(name)) for name in ("role_based", "reference")]
+
+
 def fake_latency(candidate: Candidate) -> float:
-    """One optimum at a=b=c=d=5, so samplers have something to find."""
+    """One optimum at a=b=c=d=5, so samplers have something to find; baselines at 1 ms."""
+    if candidate.lowering is not Lowering.DEFAULT:
+        return 1.0
     return 0.5 + sum((v - 5) ** 2 for v in candidate.param_dict.values() if isinstance(v, int)) / 100
 
 

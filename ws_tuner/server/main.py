@@ -23,9 +23,9 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..store import StoreError
-from .api.main import api_router
+from .api.main import API_PREFIX, api_router
 from .config import Settings
-from .middleware import BodySizeLimit
+from .middleware import BestLookupFastPath, BodySizeLimit
 from .services import Services
 
 _log = logging.getLogger("ws_tuner.server")
@@ -94,6 +94,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     )
     app.state.services = services
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
     app.include_router(api_router(settings))
 
     @app.exception_handler(RequestValidationError)

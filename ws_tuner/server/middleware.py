@@ -1,4 +1,4 @@
-"""ASGI middleware: the request-size limit."""
+"""ASGI middleware: the request-size limit, and the fast path of best-schedule lookups."""
 
 from __future__ import annotations
 
@@ -67,3 +67,43 @@ class BodySizeLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class BestLookupFastPath:
+    """Serve a repeated ``GET /api/v1/best?...`` straight from the answer cache,
+    keyed by the raw query string, before routing and parameter validation.
+
+    Only answers the full route already produced (validated, looked up, turned
+    into JSON bytes with an ETag) are served here, within their time to live;
+    a miss falls through to the route. Off when reads need a token."""
+
+    def __init__(self, app: Any, services: Any, path: str) -> None:
+        self.app, self.services, self.path = app, services, path
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
+            answer = self.services.fast_answer(scope["query_string"])
+            if answer is not None:
+                await _send_answer(send, answer, dict(scope["headers"]).get(b"if-none-match"))
+                return
+        await self.app(scope, receive, send)
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    if if_none_match.strip() == "*":
+        return True
+    bare = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") == bare for tag in if_none_match.split(","))
+
+
+async def _send_answer(send: Any, answer: Any, if_none_match: bytes | None) -> None:
+    headers = [(b"cache-control", b"no-cache")]
+    status, body = answer.status, answer.body
+    if answer.etag is not None:
+        headers.append((b"etag", answer.etag.encode()))
+        if if_none_match and etag_matches(if_none_match.decode("latin-1"), answer.etag):
+            status, body = 304, b""
+    if status != 304:
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

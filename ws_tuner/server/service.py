@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from ..store import Store, resolve_db_url
+from ..store import open_store
 from ..store.registry import Registry
 from ..store.repository import mask_url
 from .config import Settings
@@ -113,9 +113,9 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     from .services import Services
 
     configure_logging(settings.log_level)
-    url = resolve_db_url(settings.db)
+    store = open_store(settings.db)  # bad URL, unreachable server, outdated schema: one line, exit 2
+    url = store.url
     settings = settings.model_copy(update={"db": url})
-    store = Store(url)  # bad URL, unreachable server, outdated schema: one line, exit 2
     try:
         check_bind(settings, Registry(store))
     finally:
@@ -157,7 +157,7 @@ def run_worker(settings: Settings, options: Any) -> int:
     from .worker import Worker
 
     configure_logging(settings.log_level)
-    store = Store(resolve_db_url(settings.db))
+    store = open_store(settings.db)
     try:
         worker = Worker(store, settings, options)
 

@@ -11,11 +11,12 @@ import logging
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from ..candidate import canonical_json
-from ..store import Store, resolve_db_url
+from ..store import Store, open_store
 from ..store.queue import JobQueue
 from ..store.registry import KernelRecord, Registry
 from . import kernels as kernel_files
@@ -49,6 +50,16 @@ class TTLCache(Generic[V]):
             self._data[key] = (time.monotonic() + self.ttl, value)
         return value
 
+    def peek(self, key: Any, max_stale: float) -> tuple[V, bool] | None:
+        """(value, fresh) of an entry expired at most ``max_stale`` seconds ago."""
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        now = time.monotonic()
+        if entry[0] + max_stale < now:
+            return None
+        return entry[1], entry[0] >= now
+
     def get_or(self, key: Any, compute: Callable[[], V]) -> V:
         found = self.get(key)
         return found if found is not None else self.put(key, compute())
@@ -71,17 +82,22 @@ _MISSING = object()
 class Services:
     def __init__(self, settings: Settings, store: Store) -> None:
         self.settings, self.store = settings, store
-        self.queue = JobQueue(store)
+        self.queue = JobQueue(store, stalled_transaction_timeout=max(5.0, 4 * settings.grace))
         self.registry = Registry(store)
         self._auth: TTLCache[Any] = TTLCache(settings.auth_cache_ttl)
         self._kernels: TTLCache[Any] = TTLCache(5.0)
         self.best_cache: TTLCache[CachedAnswer] = TTLCache(settings.best_cache_ttl)
+        self._raw_queries: dict[tuple[Any, ...], set[bytes]] = {}  # lookup key -> the query strings that asked it
+        self._query_key: dict[bytes, tuple[Any, ...]] = {}  # and back
+        self._refreshing: set[tuple[Any, ...]] = set()
+        self._refresh_lock = threading.Lock()
+        self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ws-tune-best")
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         self._bootstrap_hash = hash_token(token) if token else None
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        store = Store(resolve_db_url(settings.db))
+        store = open_store(settings.db)
         services = cls(settings, store)
         try:
             services.register_kernel_dirs()
@@ -91,6 +107,7 @@ class Services:
         return services
 
     def close(self) -> None:
+        self._refresher.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
     # --- kernels ----------------------------------------------------------------
@@ -124,12 +141,70 @@ class Services:
         return None if cached is _MISSING else cached
 
     # --- best schedules ---------------------------------------------------------
+    # Answers are kept as ready JSON bytes for best_cache_ttl seconds, and for up to
+    # BEST_MAX_STALE seconds more while one background refresh per key is under way
+    # (stale-while-revalidate): a lookup never waits on the database once warm, and a
+    # burst of lookups at expiry does not become a burst of queries.
+    BEST_MAX_STALE = 30.0
+
     def best_answer(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
         key = (kernel, problem, device, source_hash)
-        found = self.best_cache.get(key)
-        if found is None:
-            found = self.best_cache.put(key, self._lookup_best(kernel, problem, device, source_hash))
-        return found
+        entry = self.best_cache.peek(key, self.BEST_MAX_STALE)
+        if entry is not None:
+            if not entry[1]:
+                self.refresh_best(key)
+            return entry[0]
+        return self._answer_and_remember(key)
+
+    def remember_query(self, query: bytes, kernel: str, problem: str, device: str, source_hash: str | None, answer: CachedAnswer) -> None:
+        """Let the fast path serve this exact query string (see middleware.BestLookupFastPath)."""
+        key = (kernel, problem, device, source_hash)
+        with self._refresh_lock:
+            if len(self._query_key) > 10_000:
+                self._raw_queries.clear()
+                self._query_key.clear()
+            self._raw_queries.setdefault(key, set()).add(query)
+            self._query_key[query] = key
+        self.best_cache.put(("raw", query), answer)
+
+    def fast_answer(self, query: bytes) -> CachedAnswer | None:
+        """The answer for a raw query string the route has answered before, if any."""
+        entry = self.best_cache.peek(("raw", query), self.BEST_MAX_STALE)
+        if entry is None:
+            return None
+        if not entry[1]:
+            key = self._query_key.get(query)
+            if key is None:
+                return None
+            self.refresh_best(key)
+        return entry[0]
+
+    def refresh_best(self, key: tuple[Any, ...]) -> None:
+        with self._refresh_lock:
+            if key in self._refreshing:
+                return
+            self._refreshing.add(key)
+
+        def run() -> None:
+            try:
+                self._answer_and_remember(key)
+            except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the stale answer, until it is too old
+                _log.warning("refreshing a best-schedule answer failed: %s", exc)
+            finally:
+                with self._refresh_lock:
+                    self._refreshing.discard(key)
+
+        try:
+            self._refresher.submit(run)
+        except RuntimeError:  # shutting down
+            with self._refresh_lock:
+                self._refreshing.discard(key)
+
+    def _answer_and_remember(self, key: tuple[Any, ...]) -> CachedAnswer:
+        answer = self.best_cache.put(key, self._lookup_best(*key))
+        for query in list(self._raw_queries.get(key, ())):
+            self.best_cache.put(("raw", query), answer)
+        return answer
 
     def _lookup_best(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
         registered = self.registered_kernel(kernel)

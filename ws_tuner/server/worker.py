@@ -53,7 +53,8 @@ from .config import Settings
 _log = logging.getLogger("ws_tuner.worker")
 T = TypeVar("T")
 
-MAX_PROPOSALS_PER_SLOT = 200  # duplicates and known points skipped before the space counts as exhausted
+MAX_PROPOSALS_PER_SLOT = 200  # refused proposals in a row before the space counts as exhausted
+MAX_JOB_CRASHES = 3  # internal errors on one job before the worker fails it rather than retrying
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,10 @@ class Stages:
     def engine(self, job: JobRecord, kernel_path: Path) -> JobEngine:
         evaluator = EvaluatorConfig(timeout=self.options.run_timeout)
         if self.options.space == "fake":
-            from .fakes import FakeSpace
+            from .fakes import FakeSpace, fake_baselines
 
-            return JobEngine(job.kernel, str(kernel_path), job.kernel_sha256, dict(job.problem), FakeSpace(), evaluator=evaluator)
+            return JobEngine(job.kernel, str(kernel_path), job.kernel_sha256, dict(job.problem), FakeSpace(),
+                             baselines=fake_baselines, evaluator=evaluator)  # fmt: skip
         from ..kernel import load_kernel
         from ..task import Task
 
@@ -210,7 +212,7 @@ class _Work:
 class Worker:
     def __init__(self, store: Store, settings: Settings, options: WorkerOptions = WorkerOptions(), *, stages: Stages | None = None) -> None:
         self.store, self.settings, self.options = store, settings, options
-        self.queue = JobQueue(store)
+        self.queue = JobQueue(store, stalled_transaction_timeout=max(5.0, 4 * settings.grace))
         self.registry = Registry(store)
         self.stages = stages or Stages(options)
         self.id = uuid.uuid4().hex
@@ -221,6 +223,7 @@ class Worker:
         self._leases: dict[int, SlotLease] = {}
         self._hb_stop = threading.Event()
         self._optuna: Any = None
+        self._crashes: dict[int, int] = {}  # job id -> internal errors met on it
         self.finished = 0  # slots this worker recorded
         self.rejected = 0  # results refused because the lease was lost
 
@@ -277,7 +280,10 @@ class Worker:
                     self._stop.wait(self.settings.poll_interval)
                     continue
                 jobs += 1
-                self._run_job(*claim)
+                try:
+                    self._run_job(*claim)
+                except Exception as exc:  # noqa: BLE001 - a bug met on one job must not take the worker down
+                    self._job_crashed(claim[0], exc)
         finally:
             self._hand_back(list(self._leases.values()))
             self._hb_stop.set()
@@ -352,6 +358,18 @@ class Worker:
             strategy.post_tuning()
         if self._db("complete job", self.queue.complete_job_if_done, job.id):
             _log.info("job %d succeeded", job.id)
+
+    def _job_crashed(self, job: JobRecord, exc: Exception) -> None:
+        """An unexpected error while running a job: hand its trials back and try again;
+        the third time on the same job, fail the job with the error instead of looping."""
+        _log.exception("job %d: internal error", job.id)
+        self._hand_back(list(self._leases.values()))
+        self._crashes[job.id] = self._crashes.get(job.id, 0) + 1
+        if self._crashes[job.id] >= MAX_JOB_CRASHES:
+            message = f"worker internal error, {MAX_JOB_CRASHES} times: {type(exc).__name__}: {exc}".splitlines()[0]
+            self._db("fail job", self.queue.fail_job, job.id, message)
+        else:
+            self._stop.wait(min(self.settings.poll_interval * 5, 10.0))
 
     def _hand_back(self, leases: list[SlotLease]) -> None:
         for lease in leases:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, false, func, or_, select, true, update
+from sqlalchemy import and_, delete, exists, false, func, insert, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -161,9 +161,11 @@ def _opt_utc(value: datetime | None) -> datetime | None:
 class JobQueue:
     """Jobs, slots and workers in the store's database (shares its engine)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, stalled_transaction_timeout: float | None = 60.0) -> None:
         self.store = store
         self._pg = store.dialect == "postgresql"
+        if self._pg and stalled_transaction_timeout:
+            _abort_stalled_transactions(store, stalled_transaction_timeout)
 
     # --- the database clock ---------------------------------------------------
     def _now(self) -> Any:
@@ -196,18 +198,18 @@ class JobQueue:
         baselines: bool = False,
         device: str | None = None,
         created_by: int | None = None,
+        kernel_sha256: str | None = None,
     ) -> JobRecord:
+        values = dict(
+            state=QUEUED, kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem),
+            problem_checked=problem_checked, params=params, strategy=strategy, seed=seed, budget=budget,
+            time_budget=time_budget, baselines=baselines, device=device, created_by=created_by,
+            slots_claimed=0, exhausted=False,
+        )  # fmt: skip
         with self.store.session_scope() as session:
-            job = JobModel(
-                state=QUEUED, kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem),
-                problem_checked=problem_checked, params=params, strategy=strategy, seed=seed, budget=budget,
-                time_budget=time_budget, baselines=baselines, device=device, created_by=created_by,
-                slots_claimed=0, exhausted=False,
-            )  # fmt: skip
-            session.add(job)
-            session.flush()
-            session.refresh(job)
-            sha = session.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
+            # One statement: INSERT ... RETURNING hands back the stamped row.
+            job = session.scalars(insert(JobModel).values(**values).returning(JobModel)).one()
+            sha = kernel_sha256 or session.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
             return self._records(session, [(job, sha)], counts=False)[0]  # nothing counted yet
 
     def _job_query(self) -> Any:
@@ -231,10 +233,11 @@ class JobQueue:
                 by_state[job_id][state] = by_state[job_id].get(state, 0) + n
                 if kind == SEARCH:
                     search_counts[job_id][state] = n
+            # The job's best is what its search found (baselines are reported with the trials).
             q = (
                 select(JobTrialModel.job_id, func.min(JobTrialModel.median_ms))
                 .where(JobTrialModel.job_id.in_(ids), JobTrialModel.status == Status.OK.value,
-                       JobTrialModel.median_ms.is_not(None))
+                       JobTrialModel.median_ms.is_not(None), JobTrialModel.kind == SEARCH)
                 .group_by(JobTrialModel.job_id)
             )  # fmt: skip
             best = {job_id: ms for job_id, ms in session.execute(q)}
@@ -243,7 +246,7 @@ class JobQueue:
                     best_hash[job_id] = session.scalar(
                         select(JobTrialModel.candidate_hash)
                         .where(JobTrialModel.job_id == job_id, JobTrialModel.status == Status.OK.value,
-                               JobTrialModel.median_ms == ms)
+                               JobTrialModel.median_ms == ms, JobTrialModel.kind == SEARCH)
                         .order_by(JobTrialModel.id).limit(1)
                     )  # fmt: skip
         return [
@@ -668,6 +671,29 @@ class JobQueue:
         if requeued or failed:
             _log.warning("sweeper: re-queued %d stale trial(s), quarantined %d", requeued, failed)
         return SweepReport(requeued, failed, finished, lost)
+
+
+def _abort_stalled_transactions(store: Store, seconds: float) -> None:
+    """Have PostgreSQL end a session that sits inside a transaction for ``seconds``.
+
+    Every queue transaction takes milliseconds; one left open means its process is
+    stalled (SIGSTOP, a debugger, a frozen VM) while holding row locks (a job's row,
+    say) that would stall every other worker until it resumed. The server then
+    aborts it, the locks go, and the stalled worker's leases expire as usual."""
+    from sqlalchemy import event
+
+    engine = store._engine
+    if getattr(engine, "_ws_tune_stall_guard", None) == seconds:
+        return
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
+        dbapi_connection.commit()
+
+    event.listen(engine, "connect", on_connect)
+    engine._ws_tune_stall_guard = seconds  # type: ignore[attr-defined]
+    engine.dispose()  # pooled connections predate the setting
 
 
 def optuna_storage(url: str, *, attempts: int = 5) -> Any:

@@ -5,7 +5,8 @@
   file, so a result tuned from the CLI and one tuned by the service agree.
 * Tokens are stored as their sha256 only; a token is looked up by its hash.
 * ``best`` is one indexed query: the fastest correct trial of (kernel name,
-  canonical problem, device), whoever wrote it (the CLI or a worker).
+  canonical problem, device) that tilelang compiles (not the vendor
+  reference), whoever wrote it (the CLI or a worker).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from ..candidate import sha256_hex
+from ..candidate import Lowering, sha256_hex
 from ..result import Status
 from ..workload import WorkloadKey
 from .models import CandidateModel, KernelModel, TokenModel, TrialModel, WorkloadModel
@@ -164,8 +165,8 @@ class Registry:
 
     # --- lookups ----------------------------------------------------------------
     def best(self, *, kernel: str, problem: str, device: str, source_hash: str | None = None) -> BestRecord | None:
-        """The fastest correct trial of ``kernel`` at the canonical ``problem`` JSON on
-        ``device`` (any toolchain; one kernel version when ``source_hash`` is given)."""
+        """The fastest correct compilable trial of ``kernel`` at the canonical ``problem``
+        JSON on ``device`` (any toolchain; one kernel version when ``source_hash`` is given)."""
         query = (
             select(TrialModel, CandidateModel, WorkloadModel)
             .join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
@@ -176,6 +177,9 @@ class Registry:
                 WorkloadModel.device == device,
                 TrialModel.status == Status.OK.value,
                 TrialModel.median_ms.is_not(None),
+                # What tilelang can compile: a WS schedule or its own lowerings, never the
+                # vendor reference (as ws_tuner.lookup.fastest_compilable).
+                CandidateModel.lowering != Lowering.REFERENCE.value,
             )
             .order_by(TrialModel.median_ms, TrialModel.id)
             .limit(1)

@@ -13,19 +13,13 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ...kernels import NAME_PATTERN
+from ...middleware import etag_matches
 from ...schemas import SHA256_PATTERN, BestPublic, ErrorPublic
 from ...services import Services
 
 router = APIRouter(prefix="/best", tags=["best"])
 
 _TEXT = r"^[^\x00]+$"
-
-
-def _matches(if_none_match: str, etag: str) -> bool:
-    if if_none_match.strip() == "*":
-        return True
-    bare = etag.removeprefix("W/")
-    return any(tag.strip().removeprefix("W/") == bare for tag in if_none_match.split(","))
 
 
 @router.get(
@@ -46,14 +40,14 @@ async def get_best(
 ) -> Response:
     """The fastest correct stored schedule, whoever measured it (CLI or workers)."""
     services: Services = request.app.state.services
-    key = (kernel, problem, device, source_hash)
-    answer = services.best_cache.get(key)
-    if answer is None:
-        answer = await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
+    entry = services.best_cache.peek((kernel, problem, device, source_hash), 0.0)
+    answer = entry[0] if entry else await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
+    if services.settings.public_reads:  # the fast path (middleware) serves this query string as is from now on
+        services.remember_query(request.scope["query_string"], kernel, problem, device, source_hash, answer)
     headers = {"Cache-Control": "no-cache"}
     if answer.etag is not None:
         headers["ETag"] = answer.etag
         if_none_match = request.headers.get("if-none-match")
-        if if_none_match and _matches(if_none_match, answer.etag):
+        if if_none_match and etag_matches(if_none_match, answer.etag):
             return Response(status_code=304, headers=headers)
     return Response(answer.body, status_code=answer.status, headers=headers, media_type="application/json")

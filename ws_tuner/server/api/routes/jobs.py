@@ -104,7 +104,7 @@ def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) ->
     job = services.queue.create_job(
         kernel_id=record.id, kernel=body.kernel, problem=problem, problem_checked=checked, params=params,
         strategy=body.strategy, seed=body.seed, budget=body.budget, time_budget=body.time_budget,
-        baselines=body.baselines, device=body.device, created_by=principal.token_id,
+        baselines=body.baselines, device=body.device, created_by=principal.token_id, kernel_sha256=record.sha256,
     )  # fmt: skip
     return job_public(job)
 

@@ -1,0 +1,27 @@
+# ws-tune API server (no GPU, no CUDA): the REST API over the shared PostgreSQL.
+#   docker build -f docker/server.Dockerfile -t ws-tune-server .
+# The server stores kernel sources but never imports them, so it needs neither
+# CUDA nor a GPU; torch comes as the CPU wheel only because the package depends on it.
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --create-home --uid 10001 wstune
+WORKDIR /opt/ws-tune
+
+COPY pyproject.toml README.md ./
+COPY ws_tuner ./ws_tuner
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" \
+ && pip install .
+COPY examples /opt/ws-tune/kernels
+COPY docker/prestart.sh /usr/local/bin/ws-tune-prestart
+RUN chmod 0755 /usr/local/bin/ws-tune-prestart
+
+USER wstune
+# Every setting is WS_TUNE_*: see configs/service.toml and configs/service.env.example.
+ENV WS_TUNE_HOST=0.0.0.0 WS_TUNE_PORT=8000 WS_TUNE_WORKERS=0 WS_TUNE_KERNEL_DIRS=/opt/ws-tune/kernels
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/api/v1/health', timeout=2).status != 200)"
+# Migrations first (ws-tune db upgrade), then the server; exec keeps signals reaching it.
+ENTRYPOINT ["ws-tune-prestart"]
+CMD ["ws-tune", "serve"]
