@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +16,26 @@ from .space import PointInfo, ScheduleSpace, SpaceConfig
 
 
 _LOADED: dict[tuple[str, str, str], "Task"] = {}
+ParamsKey = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The answers a kernel file's own code gave the schedule space (its seeds
+    and its ``check``), computed in another process, so that a process that must
+    not run that code (a service worker, for uploaded kernels) can still search."""
+
+    infos: dict[ParamsKey, PointInfo | Exception]
+    checks: dict[tuple[ParamsKey, str | None], str | None]
+
+    def info(self, params: dict[str, Any]) -> PointInfo:
+        found = self.infos[tuple(sorted(params.items()))]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def check(self, params: dict[str, Any], schedule: Any) -> str | None:
+        return self.checks[(tuple(sorted(params.items())), canonical_json(schedule.to_json()) if schedule else None)]
 
 
 @dataclass(frozen=True)
@@ -21,6 +44,7 @@ class Task:
     problem: dict[str, Any]
     param_grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     space_config: SpaceConfig = field(default_factory=SpaceConfig)
+    recorded: Recorded | None = None  # set by ``isolated``: the kernel file's code is not run here
 
     @classmethod
     def make(
@@ -47,6 +71,14 @@ class Task:
             _LOADED[key] = cls.make(spec, problem)
         return _LOADED[key]
 
+    @classmethod
+    def isolated(cls, kernel_path: str, problem: dict[str, Any] | str, params: str | None = None, space_config: SpaceConfig | None = None) -> "Task":
+        """The task, with every call into the kernel file made in a spawned
+        process: importing it, parsing the problem, its seeds and its checks."""
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            return pool.submit(_record, kernel_path, problem, params, space_config).result()
+
     def primfunc(self, params: dict[str, Any]) -> Any:
         try:
             return self.spec.build(self.problem, params)
@@ -54,6 +86,8 @@ class Task:
             raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(params)}) failed: {compiler.one_line(exc)}") from exc
 
     def point_info(self, params: dict[str, Any]) -> PointInfo:
+        if self.recorded is not None:
+            return self.recorded.info(params)
         func = self.primfunc(params)
         prepared, seed = compiler.prepare(func)
         return PointInfo(
@@ -67,9 +101,14 @@ class Task:
         return ScheduleSpace(
             param_grid=self.param_grid,
             point_info=self.point_info,
-            check=lambda params, schedule: self.spec.check(self.problem, params, schedule),
+            check=self.check,
             config=self.space_config,
         )
+
+    def check(self, params: dict[str, Any], schedule: Any) -> str | None:
+        if self.recorded is not None:
+            return self.recorded.check(params, schedule)
+        return self.spec.check(self.problem, params, schedule)
 
     def space(self) -> ScheduleSpace:
         """The schedule space of this task (built once: it caches the seeds it has derived)."""
@@ -85,6 +124,39 @@ class Task:
         seed = self.space().seed_candidate(tuple(sorted(params.items())))
         out = [Candidate.make(params, None, Lowering.DEFAULT), Candidate.make(params, None, Lowering.ROLE_BASED)]
         return ([seed] if isinstance(seed, Candidate) else []) + out
+
+
+def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None, space_config: SpaceConfig | None) -> Task:
+    """In the spawned process: load the kernel file and ask it everything the space will ask."""
+    spec = load_kernel(kernel_path)
+    task = Task.make(spec, spec.parse_problem(problem), spec.parse_params(params), space_config)
+    infos: dict[ParamsKey, PointInfo | Exception] = {}
+    checks: dict[tuple[ParamsKey, str | None], str | None] = {}
+
+    def info(params: dict[str, Any]) -> PointInfo:
+        key = tuple(sorted(params.items()))
+        try:
+            infos[key] = task.point_info(params)
+        except Exception as exc:  # noqa: BLE001 - recorded, raised again where it is looked up
+            infos[key] = compiler.CompilerError(str(exc))
+            raise
+        return infos[key]  # type: ignore[return-value]
+
+    def check(params: dict[str, Any], schedule: Any) -> str | None:
+        key = (tuple(sorted(params.items())), canonical_json(schedule.to_json()) if schedule else None)
+        checks[key] = task.check(params, schedule)
+        return checks[key]
+
+    space = ScheduleSpace(param_grid=task.param_grid, point_info=info, check=check, config=task.space_config)
+    for point in space.param_points():
+        try:
+            shape = space.shape(point)
+        except compiler.CompilerError:
+            continue
+        if not isinstance(shape, str):
+            for split in space.splits(shape):
+                space._split_reason(point, shape, split)
+    return dataclasses.replace(task, spec=dataclasses.replace(spec, module=None), recorded=Recorded(infos, checks))
 
 
 def _fmt(params: dict[str, Any]) -> str:

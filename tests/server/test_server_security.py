@@ -142,10 +142,13 @@ def test_uploaded_source_runs_only_in_a_worker_process(
     assert not marker.exists()  # stored, parsed for syntax, never imported by the server
     assert not [m for m in sys.modules if m.startswith("ws_tune_kernel_evil")]
 
-    worker = spawn_worker(db_url, "--runner", "dummy", "--builder", "verify-only", "--exit-when-idle")
+    # The real (spawned) compile pool, compile-only: four nvcc builds (three baselines and one search).
+    worker = spawn_worker(db_url, "--runner", "none", "--builder", "local", "--jobs", "2", "--exit-when-idle")
     with live.client() as client:
-        done = wait_for(lambda: (j := client.get(f"/jobs/{job_id}").json())["state"] in ("succeeded", "failed") and j, 120)
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job_id}").json())["state"] in ("succeeded", "failed") and j, 300)
     assert done["state"] == "succeeded", done
     assert worker.wait(timeout=60) == 0
     pids = set(marker.read_text().split())
-    assert pids and str(os.getpid()) not in pids and str(worker.pid) in pids  # the worker's process, not the server's
+    # Imported by the worker's spawned children only: neither the server nor the
+    # worker's own process (which holds the database credentials) ran it.
+    assert pids and str(os.getpid()) not in pids and str(worker.pid) not in pids

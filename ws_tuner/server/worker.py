@@ -157,12 +157,13 @@ class Stages:
 
             return JobEngine(job.kernel, str(kernel_path), job.kernel_sha256, dict(job.problem), FakeSpace(),
                              baselines=fake_baselines, evaluator=evaluator)  # fmt: skip
-        from ..kernel import load_kernel
         from ..task import Task
 
-        spec = load_kernel(kernel_path)
-        problem = spec.parse_problem(dict(job.problem))
-        task = Task.make(spec, problem, spec.parse_params(job.params))
+        # Uploaded source is code: it runs in spawned processes only (here, and in
+        # the builder's and runner's pools), never in this one, which holds the
+        # database credentials.
+        task = Task.isolated(str(kernel_path), dict(job.problem), job.params)
+        spec, problem = task.spec, task.problem
         space = task.space()
         timed = self.runner is not None
 
