@@ -1,0 +1,35 @@
+"""Task.isolated: the space of a kernel file whose code never runs in this process."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ws_tuner.kernel import KernelFileError
+from ws_tuner.task import Task
+
+
+def test_isolated_task_sees_the_same_space_without_importing_the_file(tmp_path, example_path):
+    marked = tmp_path / "gemm_marked.py"
+    marker = tmp_path / "imported.txt"
+    marked.write_text(f"open({str(marker)!r}, 'a').write('x')\n" + example_path.read_text())
+    task = Task.isolated(str(marked), "M=4096,N=4096,K=4096", "block_K=64,persistent=false")
+    assert marker.read_text() == "x"  # imported once, by the spawned process
+    assert task.spec.module is None and not [m for m in sys.modules if m.startswith("ws_tune_kernel_gemm_marked")]
+    from ws_tuner.kernel import load_kernel
+
+    local = Task.make(load_kernel(marked), task.problem, task.param_grid)
+    assert marker.read_text() == "xx"
+    mine, theirs = task.space().count(), local.space().count()
+    assert (mine.total, mine.kept, dict(mine.pruned)) == (theirs.total, theirs.kept, dict(theirs.pruned))
+    params = next(p for p in task.space().param_points() if not isinstance(task.space().shape(p), str))
+    assert task.baselines(dict(params)) == local.baselines(dict(params))
+    assert next(iter(task.space().candidates())) == next(iter(local.space().candidates()))
+
+
+def test_isolated_task_reports_bad_input_as_one_line(data_dir, example_path):
+    with pytest.raises(KernelFileError, match="lacks"):
+        Task.isolated(str(data_dir / "no_contract.py"), "M=1")
+    with pytest.raises(KernelFileError, match="missing K"):
+        Task.isolated(str(example_path), "M=4096,N=4096")
