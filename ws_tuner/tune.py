@@ -9,6 +9,7 @@ and a second run of the same tuning reuses what the first one stored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -220,7 +221,7 @@ class Tuner:
             else:
                 proposal, role, build = self._runs.pop(fut)
                 result = fut.result()
-                self._finish(proposal, _with_build(result, build), role)
+                self._finish(proposal, dataclasses.replace(result, build_seconds=build.seconds), role)
 
     def _drain(self, deadline: float) -> None:
         while (self._builds or self._runs) and time.monotonic() < deadline:
@@ -237,7 +238,7 @@ class Tuner:
 
     def _finish(self, proposal: Proposal, result: TrialResult, role: str) -> None:
         # The role and the sampler's decisions travel with the result, for resuming.
-        result = TrialResult(**{**result.__dict__, "info": {**result.info, "role": role, "decisions": proposal.decisions}})
+        result = dataclasses.replace(result, info={**result.info, "role": role, "decisions": proposal.decisions})
         self.store.commit_trial(workload_id=self.workload_id, candidate=proposal.candidate, result=result)
         self._record(proposal, result, role, cached=False)
 
@@ -267,17 +268,12 @@ class Tuner:
             if result.status is not Status.OK:
                 continue
             first = record.result.timing.median_ms if record.result.timing else None
-            confirmed = TrialResult(
-                record.result.candidate_hash, Status.OK, "confirmed by interleaved re-timing",
-                build_seconds=record.result.build_seconds, timing=result.timing, tflops=result.tflops,
-                info={**record.result.info, **result.info, "first_median_ms": first, "confirmed": True},
+            confirmed = dataclasses.replace(
+                record.result, status=Status.OK, message="confirmed by interleaved re-timing", timing=result.timing,
+                tflops=result.tflops, info={**record.result.info, **result.info, "first_median_ms": first, "confirmed": True},
             )  # fmt: skip
             self.store.commit_trial(workload_id=self.workload_id, candidate=record.candidate, result=confirmed)
             record.result = confirmed
-
-
-def _with_build(result: TrialResult, build: BuildResult) -> TrialResult:
-    return TrialResult(**{**result.__dict__, "build_seconds": build.seconds})
 
 
 def _problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float | None:

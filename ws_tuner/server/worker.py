@@ -27,6 +27,7 @@ spawned processes: never in the API server.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -482,13 +483,13 @@ class _JobRun:
             self._finish(work, TrialResult(work.proposal.candidate.hash, build.status, build.message, build_seconds=build.seconds))
             return
         result: TrialResult = fut.result()
-        self._finish(work, TrialResult(**{**result.__dict__, "build_seconds": work.build.seconds}))
+        self._finish(work, dataclasses.replace(result, build_seconds=work.build.seconds))
 
     def _finish(self, work: _Work, result: TrialResult) -> None:
         w, lease = self.w, work.lease
         role = "baseline" if lease.kind == BASELINE else "search"
         info = {**result.info, "role": role, "decisions": work.proposal.decisions, "job": self.job.id, "worker": w.id}
-        result = TrialResult(**{**result.__dict__, "info": info})
+        result = dataclasses.replace(result, info=info)
         recorded = w._db("record a trial", w.queue.finish_slot, lease, workload_id=self.workload_id,
                          candidate=work.proposal.candidate, result=result)  # fmt: skip
         w._leases.pop(lease.id, None)
