@@ -114,6 +114,7 @@ def tune(
     from . import search
     from .builder import LocalBuilder
     from .runner import EvaluatorConfig, LocalRunner, gpu_available
+    from .space import SpaceCount
     from .store import open_store
     from .tune import TuneOptions, Tuner
 
@@ -122,8 +123,10 @@ def tune(
     if strategy not in search.KINDS:
         raise _fail(f"unknown strategy {strategy!r}; choose one of {', '.join(search.KINDS)}")
     task = _task(file, shape, param, space_config)
-    count = task.space().count()  # kernel or shape errors surface here, before the database is touched
-    if not count.kept:
+    # Kernel or shape errors surface here, before the database is touched. One
+    # survivor is enough: counting the whole space takes seconds.
+    count = SpaceCount()
+    if next(task.space().walk(count), None) is None:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
         raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
     store = open_store(db)
