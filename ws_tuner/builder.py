@@ -44,6 +44,7 @@ class BuildResult:
     status: Status
     message: str = ""
     seconds: float = 0.0
+    code_hash: str | None = None  # of the generated code: candidates alike in it are one kernel
 
     @property
     def ok(self) -> bool:
@@ -76,8 +77,8 @@ def build_one(build_input: BuildInput) -> BuildResult:
 
     start = time.perf_counter()
 
-    def done(status: Status, message: str = "") -> BuildResult:
-        return BuildResult(build_input.candidate, status, message, time.perf_counter() - start)
+    def done(status: Status, message: str = "", code_hash: str | None = None) -> BuildResult:
+        return BuildResult(build_input.candidate, status, message, time.perf_counter() - start, code_hash)
 
     if build_input.candidate.lowering is Lowering.REFERENCE:
         return done(Status.BUILT, "the kernel file's reference: nothing to build")
@@ -86,12 +87,12 @@ def build_one(build_input: BuildInput) -> BuildResult:
         func, pass_configs = task.lowered(build_input.candidate)
         if build_input.candidate.schedule is not None:
             compiler.verify(func)
-        compiler.compile_kernel(func, pass_configs)
+        kernel = compiler.compile_kernel(func, pass_configs)
     except compiler.ScheduleRejected as exc:
         return done(Status.REJECTED, str(exc))
     except (compiler.CompilerError, KernelFileError) as exc:
         return done(Status.COMPILE_ERROR, str(exc))
-    return done(Status.BUILT)
+    return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
 
 
 class LocalBuilder(Builder):

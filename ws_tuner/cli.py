@@ -141,8 +141,8 @@ def tune(
         done = [0]
 
         def listener(event: str, record: Any) -> None:
-            if event == "confirm":
-                progress.update(bar, description="confirming the leaders")
+            if event in ("anchor", "confirm"):
+                progress.update(bar, description="timing the anchor" if event == "anchor" else "final tournament of the leaders")
                 return
             done[0] += 1
             progress.update(bar, completed=done[0], description=f"{record.result.status.value:>13} {record.candidate.describe()[:70]}")
@@ -175,27 +175,45 @@ def _print_report(report: Any, task: Any) -> None:
     if report.pruned:
         table.add_row("pruned (static rules)", str(report.pruned))
     cached = sum(r.cached for r in report.records)
-    table.caption = f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store)"
+    table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
+                     f"{report.shared} sharing another's generated code)")  # fmt: skip
     out.print(table)
     if report.compile_only:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
         return
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
-    speed = Table(title="speed")
-    for col in ("schedule", "TFLOP/s", "median ms", "spread", "best / this"):
-        speed.add_column(col, justify="right" if col != "schedule" else "left")
-    for name, rec in rows:
-        if rec is None:
-            speed.add_row(name, "-", "-", "-", "-")
-            continue
-        t = rec.result.timing
-        ratio = best.result.timing.median_ms and t.median_ms / best.result.timing.median_ms if best else None
-        speed.add_row(name, f"{rec.result.tflops:.0f}", f"{t.median_ms:.4f}", f"{t.spread:.1%}", f"{ratio:.3f}x" if ratio else "-")
-    out.print(speed)
+    out.print(speed_table(rows, best))
+    if report.anchor is not None:
+        out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
     if best is not None and best.candidate.lowering is Lowering.WS:
         out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
         out.print(best.candidate.schedule.to_source())
+
+
+def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
+    """TFLOP/s, time and ratio of each row's result; confirmed ones were re-timed together in the final tournament."""
+    speed = Table(title="speed (steady state; confirmed = re-timed together in the final tournament)")
+    for col in ("schedule", "TFLOP/s", "median ms", "\u00b1 (95%)", "vs anchor", "confirmed", "best / this"):
+        speed.add_column(col, justify="left" if col == "schedule" else "right")
+    for name, rec in rows:
+        if rec is None:
+            speed.add_row(name, *["-"] * 6)
+            continue
+        r = rec.result
+        ci = r.info.get("ratio_ci") if rec is not best else r.info.get("time_ci", r.info.get("ratio_ci"))
+        vs_best = _relative(best.result, r) if best else None
+        speed.add_row(name, f"{r.tflops:.0f}", f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
+                      f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
+                      f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
+    return speed
+
+
+def _relative(best: Any, other: Any) -> float | None:
+    """How much faster the best is than ``other``: by ratios to one anchor when both have one, else by time."""
+    if best.ratio and other.ratio:
+        return other.ratio / best.ratio
+    return other.timing.median_ms / best.timing.median_ms if best.timing and other.timing else None
 
 
 # --- space ------------------------------------------------------------------
@@ -256,7 +274,10 @@ def best(
     if not top:
         raise _fail(f"no timed result stored for {task.spec.name} at {key.problem} on {key.device}; run `ws-tune {file} --shape {shape}` first", EXIT_NOT_FOUND)
     trial = top[0]
-    out.print(f"# {trial.candidate.describe()}  {trial.result.tflops:.0f} TFLOP/s, {trial.result.timing.median_ms:.4f} ms")
+    r = trial.result
+    state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
+    vs = f", {r.ratio:.3f}x the anchor's time" if r.ratio is not None else ""
+    out.print(f"# {trial.candidate.describe()}  {r.tflops:.0f} TFLOP/s, {r.timing.median_ms:.4f} ms{vs}; {state}")
     if trial.candidate.schedule is not None:
         out.print(trial.candidate.schedule.to_source())
     out.print(json.dumps(trial.candidate.to_json(), indent=2))
@@ -283,6 +304,10 @@ def export(
                 "median_ms": t.result.timing.median_ms if t.result.timing else None,
                 "spread": t.result.timing.spread if t.result.timing else None,
                 "tflops": t.result.tflops,
+                "ratio": t.result.ratio,
+                "confirmed": t.result.confirmed,
+                "sm_clock_median_mhz": t.result.info.get("sm_clock_median_mhz"),
+                "power_w": t.result.info.get("power_w"),
                 "source": t.candidate.schedule.to_source() if t.candidate.schedule else None,
             }
             for t in trials

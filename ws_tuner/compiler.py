@@ -9,6 +9,7 @@ with MaterializeWSSchedule, and compiles.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -270,6 +271,16 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
         return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         raise CompilerError(one_line(exc)) from exc
+
+
+def code_hash(kernel: Any) -> str | None:
+    """sha256 of a compiled kernel's generated device and host code: two candidates
+    with equal hashes are one kernel (a parameter the schedule overrides), measured once."""
+    try:
+        text = kernel.get_kernel_source() + "\n// host\n" + kernel.get_host_source()
+    except Exception:  # noqa: BLE001 - a backend without sources: no sharing, never a failure
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def one_line(exc: BaseException, limit: int = 600) -> str:

@@ -74,6 +74,14 @@ class KernelSpec:
     def flops(self, problem: dict[str, Any]) -> float:
         return float(self._call("flops", problem))
 
+    def vendor_names(self, problem: dict[str, Any]) -> list[str]:
+        if self.module is None or not hasattr(self.module, "vendors"):
+            return []
+        return sorted(self._call("vendors", problem))
+
+    def vendor(self, problem: dict[str, Any], name: str) -> Callable[[list[Any]], list[Any]]:
+        return self._call("vendors", problem)[name]
+
     def check(self, problem: dict[str, Any], params: dict[str, Any], schedule: Any = None) -> str | None:
         if self.module is None or not hasattr(self.module, "check"):
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -53,4 +54,13 @@ class TrialResult:
     build_seconds: float | None = None
     timing: Timing | None = None
     tflops: float | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # clocks, max error, ...
+    info: dict[str, Any] = field(default_factory=dict)  # clocks, power, max error, the anchor, ...
+    # time / the anchor's time, measured side by side in one clock state: what ranks
+    # results, since it survives a change of clock state (another moment, another GPU).
+    ratio: float | None = None
+    confirmed: bool = False  # re-timed in the final tournament
+
+    def rank_key(self) -> tuple[bool, float, float]:
+        """Sort key of correct timed results, best first: confirmed ones, then by ratio, then by time."""
+        return (not self.confirmed, self.ratio if self.ratio is not None else math.inf,
+                self.timing.median_ms if self.timing else math.inf)  # fmt: skip

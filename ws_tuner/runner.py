@@ -21,26 +21,26 @@ from pebble import ProcessExpired, ProcessPool
 
 from .builder import BuildInput
 from .candidate import Candidate
+from .measure import MeasureConfig
 from .result import Status, TrialResult
 from .workload import Environment
 
 
 @dataclass(frozen=True)
 class EvaluatorConfig:
-    """The timing protocol (gpu.py says how it is applied)."""
+    """How a candidate is checked and timed (the protocol itself: measure.py)."""
 
-    warmup: int = 5  # launches before timing
-    reps: int = 30  # timed launches; median and 20/80 percentiles kept
     checks: int = 1  # correctness runs, each on fresh random inputs
-    flush_l2: bool = True
     timeout: float = 60.0  # seconds for check + timing of one candidate
+    protocol: MeasureConfig = field(default_factory=MeasureConfig)
 
 
 @dataclass(frozen=True)
 class RunInput(BuildInput):
-    """A built candidate to check and time, with the timing protocol."""
+    """A built candidate to check and time beside its anchor, with the protocol."""
 
     config: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    anchor: Candidate | None = None  # timed side by side with the candidate; None: the candidate alone
 
 
 class Runner(abc.ABC):
@@ -51,9 +51,10 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def submit(self, run_input: RunInput) -> "Future[TrialResult]": ...
 
-    def retime(self, run_inputs: list[RunInput], rounds: int = 5) -> list[TrialResult]:
-        """Time these again, interleaved, to confirm a winner against the baselines."""
-        return [self.submit(ri).result() for ri in run_inputs]
+    @abc.abstractmethod
+    def tournament(self, run_inputs: list[RunInput]) -> list[TrialResult]:
+        """Time these again, all interleaved in one steady state (the leaders and
+        the baselines, beside the anchor of the first), results marked confirmed."""
 
     def close(self) -> None:
         """Release the workers."""
@@ -88,12 +89,13 @@ class LocalRunner(Runner):
         inner = self._pool.schedule(_evaluate, args=(run_input,), timeout=run_input.config.timeout)
         return self._wrap(inner, run_input.candidate, run_input.config.timeout)
 
-    def retime(self, run_inputs: list[RunInput], rounds: int = 5) -> list[TrialResult]:
-        timeout = sum(ri.config.timeout for ri in run_inputs) * max(rounds, 1)
+    def tournament(self, run_inputs: list[RunInput]) -> list[TrialResult]:
+        config = run_inputs[0].config
+        timeout = config.timeout + 2 * config.protocol.tournament.max_seconds
         try:
-            return self._pool.schedule(_retime, args=(run_inputs, rounds), timeout=timeout).result()
+            return self._pool.schedule(_tournament, args=(run_inputs,), timeout=timeout).result()
         except (TimeoutError, ProcessExpired) as exc:
-            return [TrialResult(ri.candidate.hash, Status.CRASH, f"retiming failed: {exc}") for ri in run_inputs]
+            return [TrialResult(ri.candidate.hash, Status.CRASH, f"tournament failed: {exc}") for ri in run_inputs]
 
     def _wrap(self, inner: Future, candidate: Candidate, timeout: float) -> "Future[TrialResult]":
         outer: Future[TrialResult] = Future()
@@ -144,10 +146,10 @@ def _evaluate(run_input: RunInput) -> TrialResult:
     return g.evaluate(run_input)
 
 
-def _retime(run_inputs: list[RunInput], rounds: int) -> list[TrialResult]:
+def _tournament(run_inputs: list[RunInput]) -> list[TrialResult]:
     from . import gpu as g
 
-    return g.retime(run_inputs, rounds)
+    return g.tournament(run_inputs)
 
 
 def gpu_available() -> bool:

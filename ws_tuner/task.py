@@ -27,6 +27,7 @@ class Recorded:
 
     infos: dict[ParamsKey, PointInfo | Exception]
     checks: dict[tuple[ParamsKey, str | None], str | None]
+    vendors: tuple[str, ...] = ()
 
     def info(self, params: dict[str, Any]) -> PointInfo:
         found = self.infos[tuple(sorted(params.items()))]
@@ -119,6 +120,17 @@ class Task:
         func = self.primfunc(candidate.param_dict)
         return compiler.lower_for(func, candidate.lowering, candidate.schedule)
 
+    def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
+        """Anchor choices, best first: the seed schedule at the first valid point (a
+        kernel of the same family and cost as the candidates), else the reference."""
+        seed = self.space().seed_candidate(points[0]) if points else None
+        return ([seed] if isinstance(seed, Candidate) else []) + [Candidate.make({}, None, Lowering.REFERENCE)]
+
+    def vendor_baselines(self) -> list[Candidate]:
+        """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""
+        names = self.recorded.vendors if self.recorded is not None else self.spec.vendor_names(self.problem)
+        return [Candidate.make({"vendor": n}, None, Lowering.REFERENCE) for n in names] or [Candidate.make({}, None, Lowering.REFERENCE)]
+
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering and role_based, at one point."""
         seed = self.space().seed_candidate(tuple(sorted(params.items())))
@@ -156,7 +168,8 @@ def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None,
         if not isinstance(shape, str):
             for split in space.splits(shape):
                 space._split_reason(point, shape, split)
-    return dataclasses.replace(task, spec=dataclasses.replace(spec, module=None), recorded=Recorded(infos, checks))
+    recorded = Recorded(infos, checks, tuple(spec.vendor_names(task.problem)))
+    return dataclasses.replace(task, spec=dataclasses.replace(spec, module=None), recorded=recorded)
 
 
 def _fmt(params: dict[str, Any]) -> str:

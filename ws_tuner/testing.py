@@ -4,17 +4,21 @@
 deterministic latencies from a candidate's features, and failures on demand.
 ``VerifyOnlyBuilder`` runs tilelang's real MaterializeWSSchedule verifier but
 skips nvcc, so search and storage tests stay fast and honest on a CPU.
+``SimulatedGPU`` is a bench with the clock of a power-capped GPU, for the
+timing protocol's tests.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Sequence
 
 from .builder import Builder, BuildInput, BuildResult
 from .candidate import Candidate, Lowering
+from .measure import REASON_SW_POWER_CAP, REASON_SW_THERMAL, ClockReading, Sample
 from .result import Status, Timing, TrialResult
 from .runner import RunInput, Runner
 from .workload import Environment
@@ -53,6 +57,7 @@ class DummyRunner(Runner):
     ):
         self.latency, self.failures, self.delay, self.flops = latency, dict(failures or {}), delay, flops
         self.calls: list[str] = []
+        self.tournaments: list[list[str]] = []
         self._lock = threading.Lock()
 
     def environment(self) -> Environment:
@@ -62,10 +67,10 @@ class DummyRunner(Runner):
 
     def submit(self, run_input: RunInput) -> "Future[TrialResult]":
         fut: Future[TrialResult] = Future()
-        fut.set_result(self._run(run_input.candidate))
+        fut.set_result(self._run(run_input.candidate, run_input.anchor))
         return fut
 
-    def _run(self, candidate: Candidate) -> TrialResult:
+    def _run(self, candidate: Candidate, anchor: Candidate | None, confirmed: bool = False) -> TrialResult:
         with self._lock:
             self.calls.append(candidate.hash)
         if self.delay:
@@ -74,10 +79,14 @@ class DummyRunner(Runner):
         if status is not None:
             return TrialResult(candidate.hash, status, f"injected {status.value}")
         ms = self.latency(candidate)
-        return TrialResult(candidate.hash, Status.OK, timing=Timing(ms, ms * 0.99, ms * 1.01, 30), tflops=self.flops / (ms * 1e-3) / 1e12)
+        ratio = ms / self.latency(anchor) if anchor is not None else None
+        return TrialResult(candidate.hash, Status.OK, timing=Timing(ms, ms * 0.99, ms * 1.01, 30), tflops=self.flops / (ms * 1e-3) / 1e12,
+                           ratio=ratio, confirmed=confirmed, info={"anchor": anchor.hash} if anchor else {})  # fmt: skip
 
-    def retime(self, run_inputs: list[RunInput], rounds: int = 5) -> list[TrialResult]:
-        return [self._run(ri.candidate) for ri in run_inputs]
+    def tournament(self, run_inputs: list[RunInput]) -> list[TrialResult]:
+        with self._lock:
+            self.tournaments.append([ri.candidate.hash for ri in run_inputs])
+        return [self._run(ri.candidate, ri.anchor or run_inputs[0].candidate, confirmed=True) for ri in run_inputs]
 
 
 class VerifyOnlyBuilder(Builder):
@@ -100,3 +109,80 @@ class VerifyOnlyBuilder(Builder):
                 status, message = Status.COMPILE_ERROR, str(exc)
         fut.set_result(BuildResult(candidate, status, message, time.perf_counter() - start))
         return fut
+
+
+class SimulatedGPU:
+    """A ``measure.Bench`` with the clock of a power-capped GPU, in simulated time.
+
+    Idle, the SM clock climbs back to ``boost_mhz``; under load it falls toward the
+    running kernel's own settled clock (a kernel that draws more power settles
+    lower), both exponentially. A launch of a kernel takes its ``base_ms`` at
+    ``boost_mhz``, stretched by boost/clock (compute-bound); ``noise`` adds
+    deterministic jitter to times, ``clock_jitter`` to clock readings.
+    ``throttle(start, end, factor)`` injects a thermal slowdown. Every launch is logged in ``launches`` (kernel names, in order).
+    """
+
+    def __init__(self, kernels: dict[str, tuple[float, float]], *, boost_mhz: float = 1980.0, tau_down: float = 0.07,
+                 tau_up: float = 0.5, noise: float = 0.002, clock_jitter: float = 0.0, flush_ms: float = 0.06,
+                 seed: int = 0) -> None:  # fmt: skip
+        import random
+
+        self.kernels = dict(kernels)  # name -> (base_ms at boost, settled MHz under its load)
+        self.boost, self.tau_down, self.tau_up, self.noise, self.flush_ms = boost_mhz, tau_down, tau_up, noise, flush_ms
+        self.clock_jitter = clock_jitter  # relative swing of each clock reading (a controller that hunts)
+        self.t = 0.0
+        self.mhz = boost_mhz
+        self._busy_until = -1e9
+        self._rng = random.Random(seed)
+        self._throttles: list[tuple[float, float, float]] = []
+        self.launches: list[str] = []
+
+    # --- what tests control -------------------------------------------------------
+    def idle(self, seconds: float) -> None:
+        """Leave the GPU without work: the clock climbs back toward boost."""
+        self.mhz = self.boost - (self.boost - self.mhz) * math.exp(-seconds / self.tau_up)
+        self.t += seconds
+
+    def throttle(self, start: float, end: float, factor: float) -> None:
+        self._throttles.append((start, end, factor))
+
+    # --- measure.Bench --------------------------------------------------------------
+    def now(self) -> float:
+        return self.t
+
+    def idle_seconds(self) -> float:
+        return max(self.t - self._busy_until, 0.0)
+
+    def _reading(self) -> ClockReading:
+        factor = next((f for s, e, f in self._throttles if s <= self.t < e), 1.0)
+        factor *= 1 + self._rng.uniform(-self.clock_jitter, self.clock_jitter)
+        reasons = REASON_SW_POWER_CAP if self.mhz < self.boost * 0.99 else 0
+        return ClockReading(self.t, self.mhz * factor, 700.0 if reasons else 450.0, reasons | (REASON_SW_THERMAL if factor < 1 else 0))
+
+    def _launch(self, name: str, flush: bool) -> float:
+        base_ms, settled = self.kernels[name]
+        clock = self._reading().sm_mhz
+        ms = base_ms * self.boost / clock * (1 + self._rng.gauss(0.0, self.noise))
+        spent = (ms + (self.flush_ms if flush else 0.0)) / 1e3
+        self.mhz = settled + (self.mhz - settled) * math.exp(-spent / self.tau_down)
+        self.t += spent
+        self._busy_until = self.t
+        self.launches.append(name)
+        return ms
+
+    def heat(self, kernels: Sequence[str], seconds: float) -> list[ClockReading]:
+        end, readings = self.t + seconds, []
+        while True:
+            for name in kernels:
+                self._launch(name, flush=True)
+            readings.append(self._reading())
+            if self.t >= end:
+                return readings
+
+    def sample(self, kernel: str, reps: int) -> Sample:
+        readings = [self._reading()]
+        times = []
+        for _ in range(reps):
+            times.append(self._launch(kernel, flush=True))
+            readings.append(self._reading())
+        return Sample(kernel, tuple(times), tuple(readings))

@@ -78,3 +78,22 @@ def test_changed_kernel_file_is_refused(gemm_task, seed):
     stale = BuildInput(str(gemm_task.spec.path), "0" * 64, gemm_task.problem, seed)
     result = build_one(stale)
     assert result.status is Status.COMPILE_ERROR and "changed while tuning" in result.message
+
+
+@pytest.mark.slow
+def test_generated_code_identifies_a_kernel(data_dir, fresh_cache):
+    """num_stages is overridden by the schedule's depths: the same code, one hash.
+    A real difference (the tile width) gives another hash."""
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.task import Task
+
+    spec = load_kernel(data_dir / "stages_gemm.py")
+    task = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024"))
+    point = {"block_K": 64, "block_M": 128, "block_N": 256}
+    seed = task.space().seed_candidate(tuple(sorted({**point, "num_stages": 3}.items())))
+    same = Candidate.make({**point, "num_stages": 2}, seed.schedule)
+    other = task.space().seed_candidate(tuple(sorted({**point, "block_N": 128, "num_stages": 3}.items())))
+    with LocalBuilder(jobs=2, timeout=240) as builder:
+        a, b, c = builder.build([_input(task, x) for x in (seed, same, other)])
+    assert a.status is b.status is c.status is Status.BUILT, (a.message, b.message, c.message)
+    assert a.code_hash and a.code_hash == b.code_hash != c.code_hash

@@ -49,9 +49,9 @@ def test_tunes_stores_and_reports_against_baselines(task, store):
     assert len([r for r in report.records if r.role == BASELINE]) == 3 * 4 + 1  # 4 param points, + the reference
     best = report.best
     assert best.candidate.lowering is Lowering.WS
-    assert all(best.result.timing.median_ms <= r.result.timing.median_ms for r in report.records if r.result.timing and r.candidate.lowering is Lowering.WS)
+    assert all(best.result.rank_key() <= r.result.rank_key() for r in report.records if r.result.timing and r.candidate.lowering is Lowering.WS)
     # The leaders were re-timed and marked confirmed in the store.
-    assert stored[best.candidate.hash].result.info.get("confirmed") is True
+    assert stored[best.candidate.hash].result.confirmed is True
     assert store.best(key=report.key).candidate == best.candidate
 
 
@@ -111,7 +111,77 @@ def test_grid_strategy_is_exhaustive(gemm_spec, store):
     from ws_tuner.space import SpaceConfig
     from ws_tuner.task import Task
 
-    small = SpaceConfig(consumer_warpgroups=(2,), producer_kinds=("warp",), producer_first=(False,), depths=(2, 3), max_stage_offset=1, producer_nreg=(40,), consumer_nreg=(232,))
-    task = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), PINNED, small)
+    task = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), PINNED, SpaceConfig(**SMALL))
     report, _ = tune(task, store, budget=10**6, strategy="grid", baselines=False, confirm_top=0)
     assert len(report.records) == task.space().count().kept > 10
+
+
+class SameCodeBuilder(CountingBuilder):
+    """As if the compiler ignored ``swizzle``: candidates differing only in it generate the same code."""
+
+    def submit(self, build_input):
+        import dataclasses
+
+        from ws_tuner.candidate import Candidate
+
+        result = super().submit(build_input).result()
+        c = build_input.candidate
+        if result.ok and c.lowering is Lowering.WS:
+            twin = Candidate.make({k: v for k, v in c.param_dict.items() if k != "swizzle"}, c.schedule)
+            result = dataclasses.replace(result, code_hash="code-" + twin.hash)
+        from concurrent.futures import Future
+
+        fut = Future()
+        fut.set_result(result)
+        return fut
+
+
+SMALL = dict(consumer_warpgroups=(2,), producer_kinds=("warp",), producer_first=(False,), depths=(2, 3), max_stage_offset=1,
+             producer_nreg=(40,), consumer_nreg=(232,))  # fmt: skip
+
+
+def test_candidates_with_the_same_code_are_measured_once(gemm_spec, store):
+    from ws_tuner.space import SpaceConfig
+    from ws_tuner.task import Task
+
+    task = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), {**PINNED, "block_N": (256,)}, SpaceConfig(**SMALL))
+    runner = DummyRunner()
+    tuner = Tuner(task, store=store, builder=SameCodeBuilder(), runner=runner, strategy=search.create("grid"),
+                  options=TuneOptions(budget=10**6, baselines=False, confirm_top=0))  # fmt: skip
+    report = tuner.run()
+    calls = runner.calls[1:]  # the first ran the anchor alone, to choose it
+    by_code: dict[str, list] = {}
+    for r in report.records:
+        by_code.setdefault(r.result.info.get("code_hash"), []).append(r)
+    groups = [g for code, g in by_code.items() if code and len(g) > 1]
+    assert groups and report.shared == sum(len(g) - 1 for g in groups)
+    for group in groups:
+        measured = [r for r in group if "shared_with" not in r.result.info]
+        assert len(measured) == 1  # one kernel, one measurement...
+        for r in group:
+            assert r.result.timing == measured[0].result.timing and r.result.ratio == measured[0].result.ratio  # ...shared by its twins
+            assert calls.count(r.candidate.hash) == (r is measured[0])
+    stored = store.trials_by_hash(workload_id=report.workload_id)
+    assert sum("shared_with" in t.result.info for t in stored.values()) == report.shared
+
+
+def test_every_timing_is_side_by_side_with_the_seed_anchor(task, store):
+    report, _ = tune(task, store, budget=6)
+    first_point = next(p for p in task.space().param_points() if not isinstance(task.space().shape(p), str))
+    assert report.anchor == task.space().seed_candidate(first_point)
+    timed = [r for r in report.records if r.result.status is Status.OK]
+    assert timed and all(r.result.info.get("anchor") == report.anchor.hash and r.result.ratio is not None for r in timed)
+    anchor_record = next(r for r in report.records if r.candidate == report.anchor)
+    assert anchor_record.result.ratio == 1.0  # timed beside itself
+
+
+def test_the_tournament_takes_the_leaders_and_the_best_of_each_baseline(task, store):
+    runner = DummyRunner()
+    report, _ = tune(task, store, budget=10, runner=runner)
+    (entrants,) = runner.tournaments
+    leaders = sorted((r for r in report.records if r.candidate.lowering is Lowering.WS and r.result.timing),
+                     key=lambda r: r.result.ratio)  # fmt: skip
+    assert {r.candidate.hash for r in leaders[:5]} <= set(entrants)
+    for kind in ("seed", "default", "role_based", "reference"):
+        assert report.baseline(kind).candidate.hash in entrants
+    assert report.confirmed == len(entrants) and all(report.baseline(k).result.confirmed for k in ("default", "role_based"))

@@ -22,9 +22,9 @@ KERNELS = Path(__file__).parent / "kernels"
 GEMM_PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
 
-def run_input(path: Path, problem: dict, candidate: Candidate, timeout: float = 60.0) -> RunInput:
+def run_input(path: Path, problem: dict, candidate: Candidate, timeout: float = 60.0, anchor: Candidate | None = None) -> RunInput:
     spec = load_kernel(path)
-    return RunInput(str(spec.path), spec.source_hash, spec.parse_problem(problem), candidate, EvaluatorConfig(reps=10, timeout=timeout))
+    return RunInput(str(spec.path), spec.source_hash, spec.parse_problem(problem), candidate, EvaluatorConfig(timeout=timeout), anchor)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,38 @@ def test_gemm_variants_are_correct_and_timed(runner, example_path):
             assert result.status is Status.OK, result.message
             assert result.info["max_rel_error"] < 1e-2
             assert result.timing.spread < 0.2 and result.tflops > 200
-            assert result.info["sm_clock_mhz"] != "unknown"
+            assert result.info["sm_clock_median_mhz"] > 500 and result.info["power_w"] > 50  # read through NVML
+
+
+def test_ratio_to_the_anchor_survives_an_idle_gap(runner, example_path):
+    """The same candidate beside the same anchor, once with the GPU warm and once
+    after it idled: raw times may move with the clock, the ratio may not."""
+    import time
+
+    seed = _good_gemm(example_path)
+    ref = Candidate.make({}, None, Lowering.REFERENCE)
+    ri = run_input(example_path, {"M": 8192, "N": 8192, "K": 8192}, seed.candidate, anchor=ref)
+    warm = runner.submit(ri).result()
+    time.sleep(3.0)  # the heater stops; the clock climbs back to boost
+    cold = runner.submit(ri).result()
+    print("warm", warm.ratio, warm.timing.median_ms, warm.info, "\ncold", cold.ratio, cold.timing.median_ms, cold.info)
+    assert warm.status is Status.OK and cold.status is Status.OK
+    assert warm.info["anchor"] == ref.hash and warm.info["anchor_ms"] > 0
+    assert abs(warm.ratio / cold.ratio - 1) < 0.03
+
+
+def test_tournament_confirms_with_a_tight_interval(runner, example_path):
+    seed = _good_gemm(example_path)
+    ref = Candidate.make({}, None, Lowering.REFERENCE)
+    problem = {"M": 8192, "N": 8192, "K": 8192}
+    inputs = [run_input(example_path, problem, c, anchor=ref) for c in (seed.candidate, ref, Candidate.make(GEMM_PARAMS, None, Lowering.DEFAULT))]
+    results = runner.tournament(inputs)
+    for r in results:
+        print(r.candidate_hash, r.status.value, r.tflops, r.ratio, r.info)
+    assert all(r.status is Status.OK and r.confirmed for r in results)
+    winner = min(results, key=lambda r: r.ratio)
+    others = [r for r in results if r is not winner and r.candidate_hash != ref.hash]
+    assert all(r.info["ratio_ci"] is None or r.info["ratio_ci"] <= 0.01 or r.info["rounds"] >= 5 for r in [winner] + others)
 
 
 def test_reference_baseline_is_timed(runner, example_path):

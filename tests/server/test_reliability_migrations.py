@@ -29,7 +29,7 @@ from ws_tuner.store import repository
 from ws_tuner.store.models import VERSION_TABLE, Base
 
 DATA = Path(__file__).resolve().parent / "data"
-RELEASED = ["v0.1.0.a"]
+RELEASED = ["v0.1.0.a", "v0.2.0.a"]
 OPTUNA_TABLES = {"studies", "trials", "trial_params", "trial_values", "study_directions", "alembic_version"}
 
 
@@ -88,7 +88,7 @@ def released_database(db_url: str, revision: str) -> None:
 
 def test_every_released_schema_is_known() -> None:
     revisions = [s.revision for s in ScriptDirectory.from_config(repository.alembic_config()).walk_revisions()]
-    assert head_revision() == "v0.2.0.a" and set(RELEASED) | {head_revision()} == set(revisions)
+    assert head_revision() == "v0.3.0.a" and set(RELEASED) | {head_revision()} == set(revisions)
     assert all((DATA / f"{r}.sqlite.sql").is_file() for r in RELEASED)
 
 
@@ -130,5 +130,6 @@ def test_upgrade_from_released_schema(revision: str, db_url: str, open_db: Calla
     store.close()
     command.downgrade(repository.alembic_config(db_url), revision)
     assert current_revision(db_url) == revision and snapshot(db_url, OPTUNA_TABLES) == optuna_after
-    assert "ws_tune_jobs" not in snapshot(db_url, {"ws_tune_jobs"}) and snapshot(db_url, {"ws_tune_trials"})["ws_tune_trials"]
+    assert ("ws_tune_jobs" in snapshot(db_url, {"ws_tune_jobs"})) == (revision >= "v0.2.0.a")
+    assert snapshot(db_url, {"ws_tune_trials"})["ws_tune_trials"]
     assert upgrade(db_url) == head_revision()

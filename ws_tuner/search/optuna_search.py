@@ -2,7 +2,8 @@
 
 Ask/tell in batches: the tuner asks for a batch, builds and runs it while
 asking for the next. Pruned and failed points are told as FAIL, so the
-sampler learns nothing false from them; measured ones as their median ms.
+sampler learns nothing false from them; measured ones as their ratio to the
+tuning's anchor (``objective``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from .base import Proposal, SearchStrategy
 # A sampler stuck in a pruned or fully measured corner gives up after this many tries per proposal.
 MAX_PRUNED_IN_A_ROW = 200
 REPEATS_BEFORE_EXPLORING = 5
+
+
+def objective(result: TrialResult) -> float | None:
+    """What the sampler minimizes: the ratio to the anchor (it survives a change of
+    clock state), else the time; None for a failure."""
+    if result.status is not Status.OK or result.timing is None:
+        return None
+    return result.ratio if result.ratio is not None else result.timing.median_ms
 
 
 class OptunaSearch(SearchStrategy):
@@ -52,18 +61,18 @@ class OptunaSearch(SearchStrategy):
 
     def _add_history(self, decisions: dict[str, Any], result: TrialResult) -> None:
         distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in self._choices(decisions).items()}
-        ok = result.status is Status.OK and result.timing is not None
+        value = objective(result)
         self.study.add_trial(
             optuna.trial.create_trial(
                 params=decisions,
                 distributions=distributions,
-                value=result.timing.median_ms if ok else None,  # type: ignore[union-attr]
-                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+                value=value,
+                state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL,
             )
         )
         self._seen.add(result.candidate_hash)
-        if ok:
-            self._values[result.candidate_hash] = result.timing.median_ms  # type: ignore[union-attr]
+        if value is not None:
+            self._values[result.candidate_hash] = value
 
     def _choices(self, decisions: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
         """Each decision's choice list, by replaying the space's sampler."""
@@ -108,8 +117,9 @@ class OptunaSearch(SearchStrategy):
     def notify(self, proposal: Proposal, result: TrialResult) -> None:
         if proposal.token is None:
             return
-        if result.status is Status.OK and result.timing is not None:
-            self._values[result.candidate_hash] = result.timing.median_ms
-            self.study.tell(proposal.token, result.timing.median_ms)
+        value = objective(result)
+        if value is not None:
+            self._values[result.candidate_hash] = value
+            self.study.tell(proposal.token, value)
         else:
             self.study.tell(proposal.token, state=optuna.trial.TrialState.FAIL)

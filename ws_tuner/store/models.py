@@ -105,8 +105,8 @@ class TrialModel(Base):
         # One result per candidate per workload: re-measuring overwrites (upsert),
         # so N workers finishing N trials leave exactly N rows.
         UniqueConstraint("workload_id", "candidate_id", name="uq_ws_tune_trials_workload_candidate"),
-        # Serves top_k / best: WHERE workload_id = ? AND status = 'ok' ORDER BY median_ms.
-        Index("ix_ws_tune_trials_workload_status_median", "workload_id", "status", "median_ms"),
+        # Serves top_k / best: WHERE workload_id = ? AND status = 'ok' ORDER BY confirmed DESC, ratio, median_ms.
+        Index("ix_ws_tune_trials_workload_status_rank", "workload_id", "status", "confirmed", "ratio", "median_ms"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -124,7 +124,10 @@ class TrialModel(Base):
     p80_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     reps: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
-    info: Mapped[str] = mapped_column(Text, nullable=False, default="{}")  # JSON object: clocks, max error, ...
+    # Time over the anchor's, side by side in one clock state: what ranks results (v0.3.0.a).
+    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    confirmed: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    info: Mapped[str] = mapped_column(Text, nullable=False, default="{}")  # JSON object: clocks, power, anchor, max error, ...
     created_at: Mapped[datetime] = _created_at()
     # Set explicitly by the upsert (ORM onupdate hooks do not fire for ON CONFLICT).
     updated_at: Mapped[datetime] = mapped_column(

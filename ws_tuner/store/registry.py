@@ -22,7 +22,7 @@ from ..candidate import Lowering, sha256_hex
 from ..result import Status
 from ..workload import WorkloadKey
 from .models import CandidateModel, KernelModel, TokenModel, TrialModel, WorkloadModel
-from .repository import Store, StoredTrial, _key_of, _to_stored, _utc
+from .repository import RANK_ORDER, Store, StoredTrial, _key_of, _to_stored, _utc
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class Registry:
                 # vendor reference (as ws_tuner.lookup.fastest_compilable).
                 CandidateModel.lowering != Lowering.REFERENCE.value,
             )
-            .order_by(TrialModel.median_ms, TrialModel.id)
+            .order_by(*RANK_ORDER)
             .limit(1)
         )
         if source_hash is not None:

@@ -319,6 +319,8 @@ def _to_stored(trial: TrialModel, candidate: CandidateModel) -> StoredTrial:
         timing=timing,
         tflops=trial.tflops,
         info=json.loads(trial.info),
+        ratio=trial.ratio,
+        confirmed=bool(trial.confirmed),
     )
     return StoredTrial(
         Candidate.from_json(data), result, trial.workload_id, _utc(trial.created_at), _utc(trial.updated_at)
@@ -336,6 +338,11 @@ def _key_of(row: WorkloadModel) -> WorkloadKey:
         cuda_version=row.cuda_version,
         driver_version=row.driver_version,
     )
+
+
+# Best first: confirmed in the final tournament, then the ratio to the anchor (rows
+# without one last), then time; the id breaks ties, for stable leaderboards.
+RANK_ORDER = (TrialModel.confirmed.desc(), TrialModel.ratio.is_(None), TrialModel.ratio, TrialModel.median_ms, TrialModel.id)
 
 
 def _trials() -> Select[TrialModel, CandidateModel]:
@@ -358,6 +365,8 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
         "p80_ms": timing.p80_ms if timing else None,
         "reps": timing.reps if timing else None,
         "tflops": result.tflops,
+        "ratio": result.ratio,
+        "confirmed": result.confirmed,
         "info": _dumps(result.info),
     }
     # Candidates are immutable and shared across workloads: insert once, never update.
@@ -560,7 +569,7 @@ class Store:
             return []
         query = (
             query.where(TrialModel.status == Status.OK.value, TrialModel.median_ms.is_not(None))
-            .order_by(TrialModel.median_ms, TrialModel.id)  # id breaks ties: stable leaderboards
+            .order_by(*RANK_ORDER)
             .limit(k)
         )
         with self.session_scope(read_only=True) as session:

@@ -1,0 +1,198 @@
+"""What the GPU benchmarks share: a tuning, its summary row, and an independent
+re-timing of its winner and baselines (run them on the GPU machine).
+
+The independent check does not use ws-tune's timer: in this process, for each
+kernel in turn (order reversed every round), a 300 ms pre-heat of that kernel
+alone, then triton's ``do_bench`` (L2 flushed, median) and a plain
+back-to-back loop of launches timed by two CUDA events. Its figures go to
+``fidelity.json`` beside ws-tune's confirmed ones.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ws_tuner import search
+from ws_tuner.builder import LocalBuilder
+from ws_tuner.candidate import Lowering
+from ws_tuner.pipeline import TrialRecord, TuneReport
+from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
+from ws_tuner.result import Status
+from ws_tuner.store import open_store
+from ws_tuner.task import Task
+from ws_tuner.tune import TuneOptions, Tuner
+
+KINDS = ("ws", "seed", "default", "role_based", "reference")
+
+
+def tune(task: Task, db: str, *, strategy: str, budget: int, jobs: int, seed: int, runner: LocalRunner) -> TuneReport:
+    store = open_store(db)
+    try:
+        with LocalBuilder(jobs=jobs, timeout=300) as builder:
+            tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
+                          options=TuneOptions(budget=budget, jobs=jobs, evaluator=EvaluatorConfig(timeout=60)))  # fmt: skip
+            return tuner.run()
+    finally:
+        store.close()
+
+
+def leaders(report: TuneReport) -> dict[str, TrialRecord]:
+    """The winner and the best of every baseline, by kind."""
+    found = {"ws": report.best, **{k: report.baseline(k) for k in KINDS[1:]}}
+    return {k: r for k, r in found.items() if r is not None}
+
+
+def summary_row(report: TuneReport) -> dict[str, Any]:
+    """ws-tune's own figures of one tuning: confirmed, steady state, side by side."""
+    best = leaders(report)
+
+    def tf(kind: str) -> float | None:
+        return round(best[kind].result.tflops, 1) if kind in best else None
+
+    def vs(kind: str) -> float | None:
+        # Both were timed in the final tournament beside the same anchor: compare ratios.
+        if "ws" not in best or kind not in best or not best["ws"].result.ratio or not best[kind].result.ratio:
+            return None
+        return round(best[kind].result.ratio / best["ws"].result.ratio, 3)
+
+    tilelang = max((k for k in ("default", "role_based") if k in best), key=lambda k: best[k].result.tflops, default=None)
+    measured = [r for r in report.records if not r.cached]
+    search_done = [r for r in measured if r.role == "search"]
+    wrong = sum(r.result.status is Status.WRONG for r in search_done)
+    ws = best.get("ws")
+    return {
+        "problem": json.loads(report.key.problem),
+        "device": report.key.device,
+        "ws_tune_tflops": tf("ws"),
+        "tilelang_best_tflops": tf(tilelang) if tilelang else None,
+        "tilelang_best": tilelang,
+        "reference_tflops": tf("reference"),
+        "reference_vendor": best["reference"].candidate.param_dict.get("vendor") if "reference" in best else None,
+        "seed_tflops": tf("seed"),
+        "default_tflops": tf("default"),
+        "role_based_tflops": tf("role_based"),
+        "vs_tilelang": vs(tilelang) if tilelang else None,
+        "vs_reference": vs("reference"),
+        "confirmed": {k: r.result.confirmed for k, r in best.items()},
+        "winner_ratio_ci": ws.result.info.get("ratio_ci") if ws else None,
+        "winner_time_ci": ws.result.info.get("time_ci") if ws else None,
+        "anchor": report.anchor.describe() if report.anchor else None,
+        "trials": len(report.records),
+        "measured": len(measured),
+        "shared": report.shared,
+        "wrong_fraction": round(wrong / len(search_done), 4) if search_done else None,
+        "wall_s": round(report.wall_seconds, 1),
+        "candidates_per_min": round(len(measured) / report.wall_seconds * 60, 1) if report.wall_seconds else None,
+        "outcomes": report.counts(),
+        "discarded": _sum_dicts(r.result.info.get("discarded", {}) for r in measured),
+        "winner": ws.candidate.describe() if ws else None,
+        "winner_hash": ws.candidate.hash if ws else None,
+        "winner_source": ws.candidate.schedule.to_source() if ws and ws.candidate.schedule else None,
+    }
+
+
+def _sum_dicts(dicts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+@dataclass
+class Entry:
+    label: str  # e.g. "ws", "seed", "ws-repeat"
+    record: TrialRecord
+    run_input: RunInput
+    flops: float
+
+
+def entries(report: TuneReport, task: Task, prefix: str = "") -> list[Entry]:
+    out = []
+    for kind, record in leaders(report).items():
+        ri = RunInput(str(task.spec.path), task.spec.source_hash, task.problem, record.candidate)
+        out.append(Entry(prefix + kind, record, ri, task.spec.flops(task.problem)))
+    return out
+
+
+def independent(items: list[Entry], *, rounds: int = 3, preheat_s: float = 0.3) -> dict[str, dict[str, float]]:
+    """Re-time each entry with triton's do_bench and a back-to-back loop, interleaved, in steady state."""
+    import torch
+    from triton.testing import do_bench
+
+    from ws_tuner import gpu
+
+    launches = {}
+    for item in items:
+        task, launch = gpu.launcher(item.run_input)
+        args = task.spec.inputs(task.problem, "cuda")
+        launches[item.label] = (lambda launch=launch, args=args: launch(args))
+    bench: dict[str, list[float]] = {k: [] for k in launches}
+    loop: dict[str, list[float]] = {k: [] for k in launches}
+    order = list(launches)
+    for r in range(rounds):
+        for label in order if r % 2 == 0 else order[::-1]:
+            fn = launches[label]
+            end = time.monotonic() + preheat_s
+            while time.monotonic() < end:  # the kernel alone, until the clock has settled at its level
+                for _ in range(10):
+                    fn()
+                torch.cuda.synchronize()
+            bench[label].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            n = max(int(0.1 / (bench[label][-1] * 1e-3)), 10)
+            start.record()
+            for _ in range(n):
+                fn()
+            stop.record()
+            torch.cuda.synchronize()
+            loop[label].append(start.elapsed_time(stop) / n)
+    return {k: {"do_bench_ms": statistics.median(bench[k]), "loop_ms": statistics.median(loop[k])} for k in order}
+
+
+def fidelity_rows(items: list[Entry], times: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    rows = []
+    for item in items:
+        r = item.record.result
+        t = times[item.label]
+        indep = item.flops / (t["do_bench_ms"] * 1e-3) / 1e12
+        rows.append({
+            "problem": item.run_input.problem,
+            "kind": item.label,
+            "candidate": item.record.candidate.describe(),
+            "confirmed": r.confirmed,
+            "ws_tune_tflops": round(r.tflops, 1),
+            "independent_tflops": round(indep, 1),
+            "loop_tflops": round(item.flops / (t["loop_ms"] * 1e-3) / 1e12, 1),
+            "agreement": round(r.tflops / indep, 4),
+            "sm_clock_median_mhz": r.info.get("sm_clock_median_mhz"),
+            "power_w": r.info.get("power_w"),
+        })  # fmt: skip
+    return rows
+
+
+def order_agrees(rows: list[dict[str, Any]]) -> bool:
+    """Whether ws-tune and the independent timer order the winner against every baseline alike."""
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_problem.setdefault(json.dumps(row["problem"], sort_keys=True), []).append(row)
+    for group in by_problem.values():
+        ws = next((r for r in group if r["kind"] == "ws"), None)
+        for other in (r for r in group if ws and r is not ws):
+            if (ws["ws_tune_tflops"] >= other["ws_tune_tflops"]) != (ws["independent_tflops"] >= other["independent_tflops"]):
+                return False
+    return True
+
+
+def write(out: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def is_ws(record: TrialRecord) -> bool:
+    return record.candidate.lowering is Lowering.WS

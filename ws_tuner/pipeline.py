@@ -1,0 +1,380 @@
+"""The measurement pipeline: propose -> build -> run -> result, for the CLI tuner
+and the service worker alike.
+
+What differs between the two is where a result goes and how a measurement
+gets its place, and that is a ``Recorder`` (MetaSchedule's MeasureCallback):
+the CLI's hands out places up to the budget and commits each trial to the
+store; the worker's claims lease-fenced job slots in the database and
+finishes them. Everything else is here, once:
+
+* builds and runs overlap: up to ``max_in_flight`` candidates are being built
+  or measured while the strategy proposes the next;
+* one anchor per tuning (the seed schedule, else the kernel file's reference),
+  timed side by side with every candidate, so that results rank by their
+  ratio to it (measure.py);
+* one kernel, one measurement: candidates whose generated code is the same
+  (a kernel parameter the schedule overrides) are measured once and share it;
+* the final tournament: the leaders and the best of every baseline, re-timed
+  all together until the winner's ratio is known to 1%.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from .builder import Builder, BuildInput, BuildResult
+from .candidate import Candidate, Lowering
+from .result import Status, TrialResult
+from .runner import EvaluatorConfig, RunInput, Runner
+from .search import Proposal, SearchStrategy
+from .store import StoredTrial
+
+SEARCH, BASELINE, WARM = "search", "baseline", "warm"
+BASELINE_KINDS = ("seed", "default", "role_based", "reference")
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """How a worker process finds the task again: the kernel file, its hash, the problem."""
+
+    kernel_path: str
+    source_hash: str
+    problem: dict[str, Any]
+
+    def build_input(self, candidate: Candidate) -> BuildInput:
+        return BuildInput(self.kernel_path, self.source_hash, self.problem, candidate)
+
+    def run_input(self, candidate: Candidate, config: EvaluatorConfig, anchor: Candidate | None) -> RunInput:
+        return RunInput(self.kernel_path, self.source_hash, self.problem, candidate, config, anchor)
+
+
+@dataclass
+class Slot:
+    """A place for one measurement, handed out by the recorder."""
+
+    role: str  # SEARCH, BASELINE or WARM
+    candidate: Candidate | None = None  # set: measure this (a baseline, a retry); None: ask the strategy
+    decisions: dict[str, Any] = field(default_factory=dict)
+    token: Any = None  # the strategy's handle of the proposal (an Optuna trial), for a retried slot
+    handle: Any = None  # the recorder's own (a lease)
+
+
+class Assignment:
+    ASSIGNED, DUPLICATE, LOST = "assigned", "duplicate", "lost"
+
+
+class Recorder(abc.ABC):
+    """Where the pipeline's places come from and its results go."""
+
+    @abc.abstractmethod
+    def claim(self) -> Slot | None:
+        """A place for one more measurement; None when there is none (budget spent, stopping)."""
+
+    def assign(self, slot: Slot, proposal: Proposal) -> str:
+        """Bind a proposed candidate to the slot: ASSIGNED, DUPLICATE (another slot has it) or LOST."""
+        return Assignment.ASSIGNED
+
+    def release(self, slot: Slot, *, exhausted: bool) -> None:
+        """Give a claimed slot back unused (``exhausted``: the strategy has nothing more)."""
+
+    def reuse(self, slot: Slot, known: TrialResult) -> None:
+        """A slot whose candidate has a result already (an earlier run's): nothing is measured."""
+        self.release(slot, exhausted=False)
+
+    @abc.abstractmethod
+    def record(self, slot: Slot, candidate: Candidate, result: TrialResult) -> bool:
+        """Keep a result; False if it was refused (a lease lost meanwhile)."""
+
+    @abc.abstractmethod
+    def record_confirmed(self, candidate: Candidate, result: TrialResult) -> None:
+        """Keep a tournament result (it replaces the candidate's earlier one)."""
+
+    def taken(self) -> set[str]:
+        """Candidates other slots hold (other workers of a job); refreshed after a DUPLICATE."""
+        return set()
+
+    def stopping(self) -> bool:
+        """Whether to abandon what is in flight now (a second SIGTERM)."""
+        return False
+
+
+@dataclass
+class TrialRecord:
+    candidate: Candidate
+    result: TrialResult
+    role: str  # SEARCH, BASELINE or WARM
+    cached: bool = False  # reused from the store, not measured again
+
+
+@dataclass
+class TuneReport:
+    key: Any  # the WorkloadKey
+    workload_id: int
+    compile_only: bool
+    records: list[TrialRecord] = field(default_factory=list)
+    anchor: Candidate | None = None
+    pruned: int = 0
+    shared: int = 0  # candidates that shared another's measurement (the same generated code)
+    confirmed: int = 0  # results re-timed in the final tournament
+    interrupted: bool = False
+    wall_seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            out[r.result.status.value] = out.get(r.result.status.value, 0) + 1
+        return out
+
+    @staticmethod
+    def _best(records: Iterable[TrialRecord]) -> TrialRecord | None:
+        ok = [r for r in records if r.result.status is Status.OK and r.result.timing]
+        return min(ok, key=lambda r: r.result.rank_key()) if ok else None
+
+    @property
+    def best(self) -> TrialRecord | None:
+        """The best correct WS candidate (the seed schedule included): confirmed first, then by ratio."""
+        return self._best(self.ws_records())
+
+    def ws_records(self) -> list[TrialRecord]:
+        return [r for r in self.records if r.candidate.lowering is Lowering.WS]
+
+    def baseline(self, kind: str) -> TrialRecord | None:
+        """Best of one baseline: "seed", "default", "role_based" or "reference" (vendor libraries included)."""
+        if kind == "seed":
+            return self._best(r for r in self.records if r.role == BASELINE and r.candidate.lowering is Lowering.WS)
+        return self._best(r for r in self.records if r.candidate.lowering.value == kind)
+
+
+Listener = Callable[[str, "TrialRecord | None"], None]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    max_in_flight: int = 2  # candidates being built or measured at once
+    confirm_top: int = 5  # leaders entered into the final tournament, beside the best of each baseline
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+
+
+class Pipeline:
+    """Moves candidates through build and run, for one task and one recorder."""
+
+    def __init__(
+        self,
+        ref: TaskRef,
+        *,
+        builder: Builder,
+        runner: Runner | None,
+        strategy: SearchStrategy,
+        recorder: Recorder,
+        report: TuneReport,
+        known: dict[str, StoredTrial],
+        options: PipelineOptions = PipelineOptions(),
+        listener: Listener | None = None,
+    ) -> None:
+        self.ref, self.builder, self.runner, self.strategy = ref, builder, runner, strategy
+        self.recorder, self.report, self.options = recorder, report, options
+        self.known = known
+        self.listener = listener or (lambda event, record: None)
+        self.anchor: Candidate | None = None
+        self._in_flight: dict[Future, _Work] = {}
+        self._proposed: set[str] = set(known)
+        self._measured: dict[str, TrialResult] = {}  # generated-code hash -> its measurement
+        self._waiting: dict[str, list[_Work]] = {}  # generated-code hash -> built candidates sharing a run in flight
+        for trial in known.values():
+            code = trial.result.info.get("code_hash")
+            if code and trial.result.status is not Status.BUILT and "shared_with" not in trial.result.info:
+                self._measured.setdefault(code, trial.result)
+
+    # --- the anchor -----------------------------------------------------------------
+    def choose_anchor(self, candidates: Iterable[Candidate]) -> Candidate | None:
+        """The first of ``candidates`` that runs correctly alone (the runner compiles it:
+        one kernel, from tilelang's cache after its first build): every later
+        measurement is side by side with it. None without a runner."""
+        if self.runner is None:
+            return None
+        for candidate in candidates:
+            result = self.runner.submit(self.ref.run_input(candidate, self.options.evaluator, None)).result()
+            if result.status is Status.OK:
+                self.anchor = candidate
+                self.report.anchor = candidate
+                return candidate
+        return None
+
+    # --- the loop -------------------------------------------------------------------
+    def run(self, deadline: float = math.inf) -> None:
+        """Claim, propose, build, run and record until the recorder has no more
+        places and nothing is in flight (or the deadline passes)."""
+        claiming = True
+        while True:
+            if self.recorder.stopping():
+                break
+            while claiming and len(self._in_flight) < self.options.max_in_flight and time.monotonic() < deadline:
+                claiming = self._claim_one()
+            if not self._in_flight:
+                break
+            timeout = None if deadline == math.inf else max(deadline - time.monotonic(), 0.05)
+            done, _ = wait(list(self._in_flight), timeout=min(timeout or 0.5, 0.5), return_when=FIRST_COMPLETED)
+            for fut in done:
+                self._advance(fut, self._in_flight.pop(fut))
+            if time.monotonic() >= deadline and not done:
+                break
+
+    def abandon(self) -> list[Slot]:
+        """Stop now: cancel what is in flight and hand its slots to the caller."""
+        slots = [work.slot for work in self._in_flight.values()]
+        for fut in self._in_flight:
+            fut.cancel()
+        self._in_flight.clear()
+        return slots
+
+    def _claim_one(self) -> bool:
+        slot = self.recorder.claim()
+        if slot is None:
+            return False
+        if slot.candidate is not None and slot.candidate.hash in self._proposed:
+            known = self.known.get(slot.candidate.hash)
+            self.recorder.reuse(slot, known.result if known else TrialResult(slot.candidate.hash, Status.REJECTED, "measured already"))
+            return True
+        proposal, exhausted = self._proposal(slot)
+        if proposal is None:
+            self.recorder.release(slot, exhausted=exhausted)
+            return False
+        self._proposed.add(proposal.candidate.hash)
+        self._in_flight[self.builder.submit(self.ref.build_input(proposal.candidate))] = _Work(slot, proposal)
+        return True
+
+    def _proposal(self, slot: Slot) -> tuple[Proposal | None, bool]:
+        """The slot's own candidate, else the strategy's next unseen one; (None, True) when it has none."""
+        if slot.candidate is not None:
+            return Proposal(slot.candidate, dict(slot.decisions), token=slot.token), False
+        taken = self.recorder.taken()
+        # Skipping what is known or taken is bounded by how much is; beyond that,
+        # a run of refusals means the strategy has nothing new.
+        for _ in range(len(self._proposed) + len(taken) + 200):
+            proposals = self.strategy.propose(1)
+            if not proposals:
+                return None, True
+            proposal = proposals[0]
+            digest = proposal.candidate.hash
+            if digest in self.known:  # measured before (an earlier run or job): the strategy learns it
+                self._notify(proposal, self.known[digest].result)
+                continue
+            if digest in taken:
+                self._notify(proposal, TrialResult(digest, Status.REJECTED, "duplicate of another trial of the job"))
+                continue
+            outcome = self.recorder.assign(slot, proposal)
+            if outcome == Assignment.ASSIGNED:
+                return proposal, False
+            if outcome == Assignment.DUPLICATE:
+                taken = self.recorder.taken()
+                self._notify(proposal, TrialResult(digest, Status.REJECTED, "duplicate of another trial of the job"))
+                continue
+            self._notify(proposal, TrialResult(digest, Status.REJECTED, "lease lost before the trial started"))
+            return None, False
+        return None, True
+
+    def _advance(self, fut: Future, work: _Work) -> None:
+        if work.build is None:
+            build: BuildResult = fut.result()
+            work.build = build
+            if not build.ok or self.runner is None:
+                self._finish(work, TrialResult(work.proposal.candidate.hash, build.status, build.message, build_seconds=build.seconds,
+                                               info=_code_info(build)))  # fmt: skip
+                return
+            code = build.code_hash
+            if code and code in self._measured:
+                self._finish(work, _shared(self._measured[code], work))
+                return
+            if code and code in self._waiting:
+                self._waiting[code].append(work)
+                return
+            if code:
+                self._waiting[code] = []
+            run_input = self.ref.run_input(work.proposal.candidate, self.options.evaluator, self.anchor)
+            self._in_flight[self.runner.submit(run_input)] = work
+            return
+        result: TrialResult = fut.result()
+        result = dataclasses.replace(result, build_seconds=work.build.seconds, info={**result.info, **_code_info(work.build)})
+        self._finish(work, result)
+        code = work.build.code_hash
+        if code:
+            if result.status is not Status.CRASH and result.status is not Status.TIMEOUT:
+                self._measured[code] = result  # a crash may be the worker's, not the code's: not shared
+            for other in self._waiting.pop(code, []):
+                self._finish(other, _shared(result, other))
+
+    def _finish(self, work: _Work, result: TrialResult) -> None:
+        proposal, slot = work.proposal, work.slot
+        # The role and the sampler's decisions travel with the result, for resuming.
+        result = dataclasses.replace(result, info={**result.info, "role": slot.role, "decisions": proposal.decisions})
+        if not self.recorder.record(slot, proposal.candidate, result):
+            return
+        if result.info.get("shared_with"):
+            self.report.shared += 1
+        if slot.role == SEARCH:
+            self._notify(proposal, result)
+        self._add(TrialRecord(proposal.candidate, result, slot.role))
+
+    def _add(self, record: TrialRecord) -> None:
+        self.report.records.append(record)
+        self.listener("trial", record)
+
+    def _notify(self, proposal: Proposal, result: TrialResult) -> None:
+        self.strategy.notify(proposal, result)
+
+    # --- the final tournament ---------------------------------------------------------
+    def confirm(self) -> list[TrialRecord]:
+        """Re-time the leaders and the best of every baseline, all together."""
+        if self.runner is None or not self.options.confirm_top:
+            return []
+        report = self.report
+        leaders = sorted((r for r in report.ws_records() if r.result.status is Status.OK and r.result.timing),
+                         key=lambda r: r.result.rank_key())[: self.options.confirm_top]  # fmt: skip
+        chosen = {r.candidate.hash: r for r in leaders + [b for b in map(report.baseline, BASELINE_KINDS) if b]}
+        if len(chosen) < 2 and not leaders:
+            return []
+        self.listener("confirm", None)
+        anchor = self.anchor or next(iter(chosen.values())).candidate
+        inputs = [self.ref.run_input(r.candidate, self.options.evaluator, anchor) for r in chosen.values()]
+        out = []
+        position = {r.candidate.hash: i for i, r in enumerate(report.records)}
+        for result in self.runner.tournament(inputs):
+            record = chosen[result.candidate_hash]
+            if result.status is not Status.OK:
+                continue
+            confirmed = dataclasses.replace(
+                result, build_seconds=record.result.build_seconds,
+                info={**record.result.info, **result.info, "search_ratio": record.result.ratio,
+                      "search_median_ms": record.result.timing.median_ms if record.result.timing else None},
+            )  # fmt: skip
+            self.recorder.record_confirmed(record.candidate, confirmed)
+            out.append(TrialRecord(record.candidate, confirmed, record.role, record.cached))
+            report.records[position[record.candidate.hash]] = out[-1]
+        report.confirmed = len(out)
+        return out
+
+
+@dataclass
+class _Work:
+    slot: Slot
+    proposal: Proposal
+    build: BuildResult | None = None
+
+
+def _code_info(build: BuildResult) -> dict[str, Any]:
+    return {"code_hash": build.code_hash} if build.code_hash else {}
+
+
+def _shared(result: TrialResult, work: _Work) -> TrialResult:
+    """Another candidate's measurement, for a candidate that compiled to the same code."""
+    assert work.build is not None
+    return dataclasses.replace(
+        result, candidate_hash=work.proposal.candidate.hash, build_seconds=work.build.seconds, confirmed=False,
+        info={**result.info, **_code_info(work.build), "shared_with": result.candidate_hash},
+    )  # fmt: skip
