@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--grid", default=None, help="kernel-parameter grid as JSON (default: GRID)")
     args = ap.parse_args()
     grid = {k: tuple(v) for k, v in json.loads(args.grid).items()} if args.grid else GRID
+    args.out.mkdir(parents=True, exist_ok=True)
     spec = load_kernel(EXAMPLE)
     rows, tuned = [], []
     with LocalRunner(0) as runner:

@@ -42,6 +42,7 @@ REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
 REASON_OTHER_PROCESS = 1 << 31  # not NVML's: the bench saw another process on the GPU
 # A clock held down by these is not the state the kernel will run in; the power cap is.
+MAX_REPS = 500  # launches per sample, at most (a kernel of a few microseconds)
 FOREIGN_REASONS = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE | REASON_OTHER_PROCESS
 
 
@@ -90,7 +91,8 @@ class Bench(Protocol):
 class Rounds:
     """How long one comparison samples: one setting for the search, one for the final tournament."""
 
-    reps: int = 10  # launches per sample
+    reps: int = 10  # launches per sample, at least
+    sample_s: float = 0.02  # ... and enough for this long a sample: short kernels get more launches, less noise
     min_rounds: int = 3
     max_rounds: int = 6
     target_ci: float = 0.02  # relative half-width of the 95% interval of the contender's ratio
@@ -106,15 +108,18 @@ class MeasureConfig:
 
     search: Rounds = field(default_factory=Rounds)
     # The final re-timing of the leaders: long enough for a 1% interval on the winner.
-    tournament: Rounds = field(default_factory=lambda: Rounds(reps=10, min_rounds=5, max_rounds=60, target_ci=0.01, max_seconds=40.0,
-                                                              own_state_s=0.12))
+    tournament: Rounds = field(default_factory=lambda: Rounds(reps=10, sample_s=0.04, min_rounds=5, max_rounds=60, target_ci=0.01,
+                                                              max_seconds=40.0, own_state_s=0.12))
     cold_heat_s: float = 0.3  # load after an idle gap before the clock can be trusted
     warm_heat_s: float = 0.03  # load before sampling when the GPU was busy a moment ago
     idle_gap_s: float = 0.05  # an idle gap longer than this lets the clock climb
     settle_window_s: float = 0.05  # readings this recent must agree for the clock to count as settled
     settle_tol: float = 0.03  # ... within this fraction of their median
     max_settle_s: float = 1.5
-    moving_tol: float = 0.06  # a sample whose clock spans more than this (of the settled clock) is discarded
+    # A sample whose clock spans more than this (of the settled clock) is discarded. Under
+    # the power cap the clock hunts by 3-6% around its settled level (benchmarks/clock_probe.py
+    # on an H200); a fall from the boost clock is 30%.
+    moving_tol: float = 0.10
     throttle: float = 0.90  # a sample below this fraction of the settled clock, for a foreign reason, is discarded
     max_retakes: int = 3  # discarded samples retaken per kernel and round before the round is given up
 
@@ -255,6 +260,7 @@ def compare(bench: Bench, kernels: Sequence[str], anchor: str, config: MeasureCo
     unsettled = 0 if ok else 1
     discarded: Counter[str] = Counter()
     rounds: list[dict[str, Sample]] = []
+    reps = dict.fromkeys(order, protocol.reps)
     while len(rounds) < protocol.max_rounds:
         round_: dict[str, Sample] = {}
         for kernel in order if len(rounds) % 2 == 0 else order[::-1]:
@@ -263,10 +269,12 @@ def compare(bench: Bench, kernels: Sequence[str], anchor: str, config: MeasureCo
                 if protocol.own_state_s or attempt:  # a retake follows nvbench's recovery: settle again
                     settled, ok = settle(bench, state, config, protocol.own_state_s)
                     unsettled += 0 if ok else 1
-                sample = bench.sample(kernel, protocol.reps)
+                sample = bench.sample(kernel, reps[kernel])
                 why = judge(sample, settled, config)
                 if why is None:
                     round_[kernel] = sample
+                    if not rounds:  # sized once, from the first sample: every round then weighs alike
+                        reps[kernel] = min(max(protocol.reps, int(protocol.sample_s * 1e3 / sample.median_ms)), MAX_REPS)
                     break
                 discarded[why] += 1
         if len(round_) == len(order):  # a round missing a kernel compares nothing

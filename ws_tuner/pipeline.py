@@ -124,6 +124,8 @@ class TuneReport:
     confirmed: int = 0  # results re-timed in the final tournament
     interrupted: bool = False
     wall_seconds: float = 0.0
+    search_seconds: float = 0.0  # building and measuring the candidates (the anchor and the tournament apart)
+    tournament_seconds: float = 0.0
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -210,6 +212,13 @@ class Pipeline:
     def run(self, deadline: float = math.inf) -> None:
         """Claim, propose, build, run and record until the recorder has no more
         places and nothing is in flight (or the deadline passes)."""
+        start = time.monotonic()
+        try:
+            self._loop(deadline)
+        finally:
+            self.report.search_seconds += time.monotonic() - start
+
+    def _loop(self, deadline: float) -> None:
         claiming = True
         while True:
             if self.recorder.stopping():
@@ -344,7 +353,10 @@ class Pipeline:
         inputs = [self.ref.run_input(r.candidate, self.options.evaluator, anchor) for r in chosen.values()]
         out = []
         position = {r.candidate.hash: i for i, r in enumerate(report.records)}
-        for result in self.runner.tournament(inputs):
+        start = time.monotonic()
+        results = self.runner.tournament(inputs)
+        report.tournament_seconds += time.monotonic() - start
+        for result in results:
             record = chosen[result.candidate_hash]
             if result.status is not Status.OK:
                 continue

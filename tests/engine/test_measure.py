@@ -104,9 +104,16 @@ def test_the_ratio_survives_a_change_of_clock_state():
 
 def test_search_samples_interleave_and_turn_around():
     g = gpu()
-    compare(g, ["vendor", "ws"], "vendor", CONFIG, Rounds(reps=2, min_rounds=4, max_rounds=4, target_ci=0.0, max_seconds=60))
+    compare(g, ["vendor", "ws"], "vendor", CONFIG, Rounds(reps=2, sample_s=0.0, min_rounds=4, max_rounds=4, target_ci=0.0, max_seconds=60))
     timed = g.launches[-8:]  # the last two rounds (the 3rd, then the 4th turned around), 2 launches per sample
     assert timed == ["vendor"] * 2 + ["ws"] * 4 + ["vendor"] * 2
+
+
+def test_short_kernels_get_longer_samples():
+    g = SimulatedGPU({"a": (0.2, 1500.0), "b": (0.25, 1500.0)})
+    result = compare(g, ["a", "b"], "a", CONFIG, Rounds(reps=10, sample_s=0.02, min_rounds=3, max_rounds=3, max_seconds=60))
+    # 20 ms of a ~0.26 ms kernel (at the settled clock): about 75 launches per sample after the first round.
+    assert 60 * 2 <= result.stats["a"].launches <= 10 + 2 * 80
 
 
 def test_a_thermal_slowdown_is_discarded_and_retaken():

@@ -136,7 +136,7 @@ def test_tune_then_lookup_and_compile_best(tmp_path, example_path):
     )  # fmt: skip
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "ws-tune best" in proc.stdout and "T.annotate_ws_schedule" in proc.stdout
+    assert "\nbest: " in proc.stdout and "T.annotate_ws_schedule" in proc.stdout
     best = lookup.best_schedule(example_path, "M=4096,N=4096,K=4096", db=str(db))
     assert best is not None and best.lowering is not Lowering.REFERENCE  # a kernel tilelang can build
     kernel = lookup.compile_best(example_path, "M=4096,N=4096,K=4096", db=str(db))
