@@ -382,11 +382,8 @@ def worker(
     heartbeat: Optional[float] = typer.Option(None, "--heartbeat", help="Seconds between heartbeats"),
     grace: Optional[float] = typer.Option(None, "--grace", help="A trial whose heartbeat is older is re-queued"),
     poll: Optional[float] = typer.Option(None, "--poll", hidden=True),
-    runner: str = typer.Option("auto", "--runner", hidden=True, help="auto, local, dummy (test double) or none"),
-    builder: str = typer.Option("local", "--builder", hidden=True, help="local, verify-only or fake"),
-    space_kind: str = typer.Option("kernel", "--space", hidden=True, help="kernel or fake"),
-    runner_delay: float = typer.Option(0.0, "--runner-delay", hidden=True),
-    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", hidden=True),
+    compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing (the default without a GPU)"),
+    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", help="Leave once no job this worker could run is unfinished (batch use)"),
 ) -> None:
     """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
     from .server.config import load_settings
@@ -396,8 +393,8 @@ def worker(
     if jobs < 1:
         raise _fail("--jobs must be >= 1")
     settings = load_settings(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
-    options = WorkerOptions(gpu=gpu, runner=runner, builder=builder, space=space_kind, jobs=jobs, compile_timeout=compile_timeout,
-                            run_timeout=run_timeout, runner_delay=runner_delay, exit_when_idle=exit_when_idle)  # fmt: skip
+    options = WorkerOptions(gpu=gpu, compile_only=compile_only, jobs=jobs, compile_timeout=compile_timeout, run_timeout=run_timeout,
+                            exit_when_idle=exit_when_idle)  # fmt: skip
     run_worker(settings, options)
 
 

@@ -140,11 +140,12 @@ class TuneReport:
 
     @property
     def best(self) -> TrialRecord | None:
-        """The best correct WS candidate (the seed schedule included): confirmed first, then by ratio."""
-        return self._best(self.ws_records())
+        """The best correct schedule found (the seed schedule included): confirmed first, then by ratio."""
+        return self._best(self.found())
 
-    def ws_records(self) -> list[TrialRecord]:
-        return [r for r in self.records if r.candidate.lowering is Lowering.WS]
+    def found(self) -> list[TrialRecord]:
+        """What the search measured, and the seed: every record but tilelang's own lowerings and the references."""
+        return [r for r in self.records if r.role != BASELINE or r.candidate.lowering is Lowering.WS]
 
     def baseline(self, kind: str) -> TrialRecord | None:
         """Best of one baseline: "seed", "default", "role_based" or "reference" (vendor libraries included)."""
@@ -343,7 +344,7 @@ class Pipeline:
         if self.runner is None or not self.options.confirm_top:
             return []
         report = self.report
-        leaders = sorted((r for r in report.ws_records() if r.result.status is Status.OK and r.result.timing),
+        leaders = sorted((r for r in report.found() if r.result.status is Status.OK and r.result.timing),
                          key=lambda r: r.result.rank_key())[: self.options.confirm_top]  # fmt: skip
         chosen = {r.candidate.hash: r for r in leaders + [b for b in map(report.baseline, BASELINE_KINDS) if b]}
         if len(chosen) < 2 and not leaders:

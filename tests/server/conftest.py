@@ -31,11 +31,12 @@ from ws_tuner.server.main import create_app
 from ws_tuner.server.security import display_prefix, generate_token, hash_token
 from ws_tuner.server.services import Services
 from ws_tuner.server.worker import Worker, WorkerOptions
+from ws_tuner.testing.service import test_stages
 from ws_tuner.store import Store
 from ws_tuner.store.queue import JobQueue, JobRecord
 from ws_tuner.store.registry import Registry
 
-from svc_helpers import EXAMPLES, FAKE, GRACE, HEARTBEAT, ROOT, fast_settings, wait_for  # noqa: E402
+from svc_helpers import EXAMPLES, FAKE, FAKE_ARGS, GRACE, HEARTBEAT, ROOT, fast_settings, wait_for  # noqa: E402
 
 @dataclass
 class LiveServer:
@@ -163,8 +164,8 @@ def worker_thread(tmp_path: Path, open_db: Callable[[str], Store]) -> Iterator[C
     """A worker running in a thread of the test process (fast; for API-level tests)."""
     running: list[WorkerThread] = []
 
-    def start(db_url: str, options: WorkerOptions = FAKE, **overrides: Any) -> WorkerThread:
-        worker = Worker(open_db(db_url), fast_settings(db_url, tmp_path, **overrides), options)
+    def start(db_url: str, stages: dict[str, str] = FAKE, options: WorkerOptions = WorkerOptions(), **overrides: Any) -> WorkerThread:
+        worker = Worker(open_db(db_url), fast_settings(db_url, tmp_path, **overrides), options, stages=test_stages(**stages, options=options))
         jobs: list[int] = []
         thread = threading.Thread(target=lambda: jobs.append(worker.run()), daemon=True)
         thread.start()
@@ -180,7 +181,8 @@ def worker_thread(tmp_path: Path, open_db: Callable[[str], Store]) -> Iterator[C
 
 @pytest.fixture
 def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """A real `ws-tune worker` process (python -m ws_tuner worker ...), killed after the test."""
+    """A worker process, killed after the test: `python -m ws_tuner worker ...`, or with
+    FAKE_ARGS the test-only `python -m ws_tuner.testing.worker ...` (test doubles)."""
     procs: list[subprocess.Popen] = []
 
     def spawn(db_url: str, *args: str, log_name: str | None = None, heartbeat: float = HEARTBEAT, grace: float = GRACE) -> subprocess.Popen:
@@ -189,8 +191,8 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
             "WS_TUNE_KERNEL_CACHE_DIR": str(tmp_path / "kernel-cache"), "WS_TUNE_LOG_LEVEL": "info",
         }  # fmt: skip
         log = open(tmp_path / (log_name or f"worker-{len(procs)}.log"), "wb")
-        cmd = [sys.executable, "-m", "ws_tuner", "worker", "--heartbeat", str(heartbeat), "--grace", str(grace),
-               "--poll", "0.1", *args]  # fmt: skip
+        entry = ["ws_tuner.testing.worker"] if set(args) & set(FAKE_ARGS) else ["ws_tuner", "worker"]
+        cmd = [sys.executable, "-m", *entry, "--heartbeat", str(heartbeat), "--grace", str(grace), "--poll", "0.1", *args]
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         proc.log_path = tmp_path / (log_name or f"worker-{len(procs)}.log")  # type: ignore[attr-defined]
         procs.append(proc)

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ws_tuner.server.config import Settings
-from ws_tuner.server.worker import WorkerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SHAPE = "M=4096,N=4096,K=4096"
 HEARTBEAT, GRACE = 0.3, 1.5
-FAKE = WorkerOptions(runner="dummy", builder="fake", space="fake")
+# Workers of test doubles (ws_tuner/testing/service.py): in a thread, or as a process
+# through the test-only entry point `python -m ws_tuner.testing.worker`.
+FAKE = dict(runner="dummy", builder="fake", space="fake")
 FAKE_ARGS = ("--runner", "dummy", "--builder", "fake", "--space", "fake")
 
 

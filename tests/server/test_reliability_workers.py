@@ -166,15 +166,18 @@ def test_whole_service_killed_and_restarted(db_url: str, make_token: Callable, t
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WS_TUNE_HEARTBEAT_INTERVAL": "0.3", "WS_TUNE_GRACE_PERIOD": str(GRACE),
            "WS_TUNE_POLL_INTERVAL": "0.1", "WS_TUNE_KERNEL_CACHE_DIR": str(tmp_path / "kc")}  # fmt: skip
-    cmd = [sys.executable, "-m", "ws_tuner", "serve", "--db", db_url, "--port", str(port), "--workers", "1",
-           "--kernel-dir", str(EXAMPLES), "--no-access-log", *[f"--worker-arg={a}" for a in (*FAKE_ARGS, "--runner-delay", "0.4")]]  # fmt: skip
+    serve = [sys.executable, "-m", "ws_tuner", "serve", "--db", db_url, "--port", str(port), "--workers", "0",
+             "--kernel-dir", str(EXAMPLES), "--no-access-log"]  # fmt: skip
+    worker = [sys.executable, "-m", "ws_tuner.testing.worker", "--db", db_url, *FAKE_ARGS, "--runner-delay", "0.4"]
 
-    def start(n: int) -> subprocess.Popen:
+    def start(n: int) -> tuple[subprocess.Popen, subprocess.Popen]:
         log = open(tmp_path / f"serve-{n}.log", "wb")
-        # Its own session: one killpg takes the server and its worker, like a machine going down.
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # The server and a worker of test doubles (`serve` embeds production workers only),
+        # each in a session of its own, killed together below like a machine going down.
+        server = subprocess.Popen(serve, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(worker, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(lambda: _healthy(port), 30, 0.1, "the server")
-        return proc
+        return server, proc
 
     queue = queue_of(db_url)
     first = start(1)
@@ -183,8 +186,10 @@ def test_whole_service_killed_and_restarted(db_url: str, make_token: Callable, t
             job = client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 10, "strategy": "random"}).json()
         wait_for(lambda: sum(s.state == "done" for s in _slots(db_url, job["id"])) >= 3, 60, 0.05, "three finished trials")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(10)
+        for proc in first:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for proc in first:
+            proc.wait(10)
     before = {s.id: s for s in _slots(db_url, job["id"]) if s.state == "done"}
     stored_before = {s.candidate_hash: s.finished_at for s in before.values()}
 
@@ -192,8 +197,9 @@ def test_whole_service_killed_and_restarted(db_url: str, make_token: Callable, t
     try:
         slots = _assert_complete(db_url, queue, job["id"], budget=10)
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(60) == 0
+        for proc in second:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(60) for proc in second] == [0, 0]
     for s in slots:
         if s.id in before:  # finished before the crash: not run again
             assert (s.attempts, s.epoch, s.finished_at) == (before[s.id].attempts, before[s.id].epoch, before[s.id].finished_at)

@@ -110,7 +110,6 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     (VerifyOnlyBuilder), timed by the DummyRunner: the job's results are what
     the engine's Tuner reads back, and the Tuner's results what the job skips."""
     from ws_tuner import search
-    from ws_tuner.server.worker import WorkerOptions
     from ws_tuner.task import Task
     from ws_tuner.testing import DummyRunner, VerifyOnlyBuilder
     from ws_tuner.tune import TuneOptions, Tuner
@@ -126,7 +125,7 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
 
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write")
-    worker_thread(db_url, WorkerOptions(runner="dummy", builder="verify-only", space="kernel"))
+    worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
     with live.client(token) as client:
         job = client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 4, "strategy": "random", "seed": 1}).json()
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)

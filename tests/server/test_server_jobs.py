@@ -237,3 +237,27 @@ def test_baselines_time_budget_and_cancel_with_a_worker(
         time.sleep(0.5)
         again = client.get(f"/jobs/{big['id']}").json()
         assert again["state"] == "cancelled" and again["progress"]["claimed"] == settled["progress"]["claimed"] < 100000
+
+
+def test_a_job_is_measured_beside_an_anchor_and_ends_with_its_final_tournament(
+    db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable, open_db: Callable
+) -> None:
+    """The service drives the CLI's pipeline: every timing beside the job's anchor,
+    ranks by the ratio to it, and the leaders confirmed side by side at the end."""
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    worker = worker_thread(db_url)
+    with live.client(token) as client:
+        job = client.post("/jobs", json={**GOOD, "budget": 10, "baselines": True}).json()
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] == "succeeded" and j, 60)
+        store = open_db(db_url)
+        # The tournament follows the job's completion: wait for its results.
+        trials = wait_for(lambda: (t := store.trials_by_hash(workload_id=done["workload_id"])) and any(x.result.confirmed for x in t.values()) and t, 30)
+    timed = [t for t in trials.values() if t.result.timing]
+    assert timed and all(t.result.ratio is not None and t.result.info.get("anchor") for t in timed)
+    (entrants,) = worker.worker.stages.runner.tournaments
+    search = sorted((t for t in timed if t.result.info.get("role") == "search"), key=lambda t: t.result.ratio)
+    assert {t.candidate.hash for t in search[:5]} <= set(entrants)
+    best = store.top_k(workload_id=done["workload_id"], k=1)[0]
+    assert best.result.confirmed and best.candidate.hash in entrants
+    assert done["best"]["candidate_hash"] == search[0].candidate.hash  # the job's best: its search's lowest ratio

@@ -143,7 +143,7 @@ def test_uploaded_source_runs_only_in_a_worker_process(
     assert not [m for m in sys.modules if m.startswith("ws_tune_kernel_evil")]
 
     # The real (spawned) compile pool, compile-only: four nvcc builds (three baselines and one search).
-    worker = spawn_worker(db_url, "--runner", "none", "--builder", "local", "--jobs", "2", "--exit-when-idle")
+    worker = spawn_worker(db_url, "--compile-only", "--jobs", "2", "--exit-when-idle")
     with live.client() as client:
         done = wait_for(lambda: (j := client.get(f"/jobs/{job_id}").json())["state"] in ("succeeded", "failed") and j, 300)
     assert done["state"] == "succeeded", done

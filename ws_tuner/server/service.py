@@ -153,13 +153,13 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
             embedded.stop(settings.drain_timeout + 5)
 
 
-def run_worker(settings: Settings, options: Any) -> int:
+def run_worker(settings: Settings, options: Any, *, stages: Any = None) -> int:
     from .worker import Worker
 
     configure_logging(settings.log_level)
     store = open_store(settings.db)
     try:
-        worker = Worker(store, settings, options)
+        worker = Worker(store, settings, options, stages=stages)
 
         def on_signal(signum: int, frame: Any) -> None:
             if worker.draining:

@@ -1,5 +1,8 @@
-"""The worker loop: claim a job, claim its trial slots one by one, propose,
-build, run, record; heartbeat all along; drain on SIGTERM.
+"""The worker loop: claim a job and drive the measurement pipeline
+(pipeline.py, the same as the CLI's) over its slots; heartbeat all along;
+drain on SIGTERM. The job's ``JobRecorder`` is what differs from the CLI:
+places are leased slots, results finish them. After the job's last slot the
+worker that completes it runs the final tournament of its leaders.
 
 How the promises are kept (the store's ``queue.py`` holds the SQL):
 
@@ -35,18 +38,18 @@ import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ..builder import Builder, BuildInput, BuildResult
-from ..candidate import Candidate, Lowering, sha256_hex
+from ..builder import Builder
+from ..candidate import Candidate, sha256_hex
+from ..pipeline import Assignment, Pipeline, PipelineOptions, Recorder, Slot, TaskRef, TrialRecord, TuneReport
 from ..result import Status, TrialResult
-from ..runner import EvaluatorConfig, RunInput, Runner
+from ..runner import EvaluatorConfig, Runner
 from ..search import Proposal, SearchStrategy
-from ..store import Store, StoreError, StoredTrial
-from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease
+from ..store import Store, StoreError
+from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, WARM, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease
 from ..store.registry import Registry
 from ..workload import Environment, WorkloadKey
 from .config import Settings
@@ -54,21 +57,19 @@ from .config import Settings
 _log = logging.getLogger("ws_tuner.worker")
 T = TypeVar("T")
 
-MAX_PROPOSALS_PER_SLOT = 200  # refused proposals in a row before the space counts as exhausted
+CONFIRM_TOP = 5  # leaders of a job re-timed in its final tournament, beside the best of each baseline
+ROLES = {BASELINE: "baseline", WARM: "warm", SEARCH: "search"}  # slot kind -> the role its result records
 MAX_JOB_CRASHES = 3  # internal errors on one job before the worker fails it rather than retrying
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
     gpu: int | None = None
-    runner: str = "auto"  # auto (GPU if present, else compile-only), local, dummy, none
-    builder: str = "local"  # local, verify-only, fake
-    space: str = "kernel"  # kernel, fake (a synthetic space for tests)
+    compile_only: bool = False  # time nothing (a worker on a machine without a GPU compiles only anyway)
     jobs: int = 1  # compile processes
     compile_timeout: float = 300.0
     run_timeout: float = 60.0
-    runner_delay: float = 0.0  # seconds per candidate of the dummy runner (tests)
-    exit_when_idle: bool = False  # leave once no job this worker could run is unfinished (tests, batch use)
+    exit_when_idle: bool = False  # leave once no job this worker could run is unfinished (batch use, tests)
 
 
 # --- stages -------------------------------------------------------------------
@@ -76,7 +77,7 @@ class WorkerOptions:
 
 @dataclass
 class JobEngine:
-    """What one job needs from the engine: the space, and inputs for the stages."""
+    """What one job needs from the engine: the space, and what to measure first."""
 
     kernel: str
     kernel_path: str
@@ -84,100 +85,66 @@ class JobEngine:
     problem: dict[str, Any]
     space: Any
     baselines: Callable[[], list[Candidate]] = field(default=lambda: [])
+    anchors: Callable[[], list[Candidate]] = field(default=lambda: [])
+    # The best schedules of the nearest stored problem: (store, key, workload id) -> candidates.
+    warm: Callable[[Store, WorkloadKey, int], list[Candidate]] = field(default=lambda store, key, workload_id: [])
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
-    def build_input(self, candidate: Candidate) -> BuildInput:
-        return BuildInput(self.kernel_path, self.source_hash, self.problem, candidate)
-
-    def run_input(self, candidate: Candidate) -> RunInput:
-        return RunInput(self.kernel_path, self.source_hash, self.problem, candidate, self.evaluator)
+    @property
+    def ref(self) -> TaskRef:
+        return TaskRef(self.kernel_path, self.source_hash, self.problem)
 
 
 class Stages:
-    """The builder and runner of a worker (made once, shared by its jobs)."""
+    """The builder and runner of a worker (made once, shared by its jobs), and
+    how a job's kernel file becomes a ``JobEngine``."""
 
-    def __init__(self, options: WorkerOptions) -> None:
-        self.options = options
-        self.builder = self._builder()
-        self.runner = self._runner()
-        self.environment = self._environment()
+    def __init__(self, builder: Builder, runner: Runner | None, environment: Environment, options: WorkerOptions) -> None:
+        self.builder, self.runner, self.environment, self.options = builder, runner, environment, options
 
-    def _builder(self) -> Builder:
-        kind = self.options.builder
-        if kind == "fake":
-            from .fakes import FakeBuilder
-
-            return FakeBuilder()
-        if kind == "verify-only":
-            from ..testing import VerifyOnlyBuilder
-
-            return VerifyOnlyBuilder()
-        if kind == "local":
-            from ..builder import LocalBuilder
-
-            return LocalBuilder(jobs=self.options.jobs, timeout=self.options.compile_timeout)
-        raise ValueError(f"unknown builder {kind!r}; choose local, verify-only or fake")
-
-    def _runner(self) -> Runner | None:
-        kind = self.options.runner
-        if kind == "dummy":
-            if self.options.space == "fake":
-                from .fakes import FastDummyRunner, fake_latency
-
-                return FastDummyRunner(delay=self.options.runner_delay, latency=fake_latency)
-            from ..testing import DummyRunner  # the engine's own double: the same workload key as its tests
-
-            return DummyRunner(delay=self.options.runner_delay)
-        if kind == "none":
-            return None
+    @classmethod
+    def local(cls, options: WorkerOptions) -> "Stages":
+        """This machine's compiler and GPU (none: compile-only)."""
+        from ..builder import LocalBuilder
         from ..runner import LocalRunner, gpu_available
-
-        if kind == "auto" and not gpu_available():
-            _log.warning("no NVIDIA GPU found: this worker compiles only (nothing is timed)")
-            return None
-        if kind in ("auto", "local"):
-            return LocalRunner(self.options.gpu or 0)
-        raise ValueError(f"unknown runner {kind!r}; choose auto, local, dummy or none")
-
-    def _environment(self) -> Environment:
-        if self.runner is not None:
-            return self.runner.environment()
-        if self.options.space == "fake":
-            from .fakes import FastDummyRunner
-
-            env = FastDummyRunner().environment()
-            return Environment(env.arch, "compile-only", env.tilelang_version, env.cuda_version, "none")
         from ..tune import compile_only_environment
 
-        return compile_only_environment()
+        builder = LocalBuilder(jobs=options.jobs, timeout=options.compile_timeout)
+        runner: Runner | None = None
+        if not options.compile_only:
+            if gpu_available():
+                runner = LocalRunner(options.gpu or 0)
+            else:
+                _log.warning("no NVIDIA GPU found: this worker compiles only (nothing is timed)")
+        return cls(builder, runner, runner.environment() if runner else compile_only_environment(), options)
 
     def engine(self, job: JobRecord, kernel_path: Path) -> JobEngine:
-        evaluator = EvaluatorConfig(timeout=self.options.run_timeout)
-        if self.options.space == "fake":
-            from .fakes import FakeSpace, fake_baselines
-
-            return JobEngine(job.kernel, str(kernel_path), job.kernel_sha256, dict(job.problem), FakeSpace(),
-                             baselines=fake_baselines, evaluator=evaluator)  # fmt: skip
         from ..task import Task
+        from ..tune import nearest_best
 
         # Uploaded source is code: it runs in spawned processes only (here, and in
         # the builder's and runner's pools), never in this one, which holds the
         # database credentials.
         task = Task.isolated(str(kernel_path), dict(job.problem), job.params)
-        spec, problem = task.spec, task.problem
         space = task.space()
         timed = self.runner is not None
 
-        def baselines() -> list[Candidate]:
-            points = [p for p in space.param_points() if not isinstance(space.shape(p), str)]
-            out: list[Candidate] = []
-            for params in points if timed else points[:1]:
-                out += task.baselines(dict(params))
-            if timed:
-                out.append(Candidate.make({}, None, Lowering.REFERENCE))
-            return out
+        def points() -> list[Any]:
+            return [p for p in space.param_points() if not isinstance(space.shape(p), str)]
 
-        return JobEngine(spec.name, str(spec.path), spec.source_hash, problem, space, baselines, evaluator)
+        def baselines() -> list[Candidate]:
+            valid = points()
+            out: list[Candidate] = []
+            for params in valid if timed else valid[:1]:
+                out += task.baselines(dict(params))
+            return out + (task.vendor_baselines() if timed else [])
+
+        return JobEngine(
+            task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space, baselines,
+            anchors=lambda: task.anchors(points()),
+            warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
+            evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
+        )  # fmt: skip
 
     def close(self) -> None:
         self.builder.close()
@@ -204,19 +171,12 @@ def materialize_kernel(cache_dir: Path, name: str, sha256: str, source: str) -> 
 # --- the worker ---------------------------------------------------------------
 
 
-@dataclass
-class _Work:
-    lease: SlotLease
-    proposal: Proposal
-    build: BuildResult | None = None
-
-
 class Worker:
     def __init__(self, store: Store, settings: Settings, options: WorkerOptions = WorkerOptions(), *, stages: Stages | None = None) -> None:
         self.store, self.settings, self.options = store, settings, options
         self.queue = JobQueue(store, stalled_transaction_timeout=max(5.0, 4 * settings.grace))
         self.registry = Registry(store)
-        self.stages = stages or Stages(options)
+        self.stages = stages or Stages.local(options)
         self.id = uuid.uuid4().hex
         self.device = self.stages.environment.device
         self._stop = threading.Event()  # drain: finish what is in flight, claim nothing new
@@ -349,17 +309,39 @@ class Worker:
         }  # fmt: skip
         seed = (job.seed + zlib.crc32(self.id.encode())) & 0x7FFFFFFF  # workers sample differently
         storage = self._optuna_storage() if job.strategy != "grid" else None
-        strategy = search.create(job.strategy, seed=seed, storage=storage, study_name=f"job-{job.id}")
-        history = [(t.result.info.get("decisions", {}), t.result) for t in known.values()]
-        self._db("start the sampler", strategy.pre_tuning, engine.space, history)
+        strategy = _Retrying(search.create(job.strategy, seed=seed, storage=storage, study_name=f"job-{job.id}"), self)
+        strategy.pre_tuning(engine.space, [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
+        pipeline = Pipeline(
+            engine.ref, builder=self.stages.builder, runner=self.stages.runner, strategy=strategy,
+            recorder=JobRecorder(self, job, workload_id), report=TuneReport(key, workload_id, compile_only=not timed),
+            known=known,
+            options=PipelineOptions(max_in_flight=max(self.options.jobs, 1) + (1 if timed else 0), confirm_top=CONFIRM_TOP,
+                                    evaluator=engine.evaluator),
+        )  # fmt: skip
         try:
-            if started and job.baselines:
-                self._db("queue baselines", self.queue.add_baseline_slots, job.id, engine.baselines())
-            _JobRun(self, job, engine, strategy, workload_id, known).run()
+            if started:
+                if job.baselines:
+                    self._db("queue baselines", self.queue.add_baseline_slots, job.id, engine.baselines())
+                self._db("queue the warm start", self.queue.add_baseline_slots, job.id, engine.warm(self.store, key, workload_id), kind=WARM)
+            pipeline.choose_anchor(engine.anchors())
+            pipeline.run()
+            if self._abort.is_set():  # what is still in flight goes back to the queue
+                self._hand_back([slot.handle for slot in pipeline.abandon()])
         finally:
             strategy.post_tuning()
-        if self._db("complete job", self.queue.complete_job_if_done, job.id):
+        if not self._abort.is_set() and self._db("complete job", self.queue.complete_job_if_done, job.id):
             _log.info("job %d succeeded", job.id)
+            if timed:
+                self._confirm(pipeline, workload_id)
+
+    def _confirm(self, pipeline: Pipeline, workload_id: int) -> None:
+        """The final tournament of the job's leaders and baselines (every worker's),
+        run by the one worker that saw the job complete."""
+        trials = self._db("stored trials", self.store.trials_by_hash, workload_id=workload_id)
+        pipeline.report.records = [TrialRecord(t.candidate, t.result, t.result.info.get("role", SEARCH), cached=True)
+                                   for t in trials.values()]  # fmt: skip
+        confirmed = pipeline.confirm()
+        _log.info("workload %d: %d result(s) confirmed in the final tournament", workload_id, len(confirmed))
 
     def _job_crashed(self, job: JobRecord, exc: Exception) -> None:
         """An unexpected error while running a job: hand its trials back and try again;
@@ -383,129 +365,92 @@ class Worker:
             self._leases.pop(lease.id, None)
 
 
-class _JobRun:
-    """One worker's part of one job: a small pipeline of leased slots."""
+class JobRecorder(Recorder):
+    """The worker's recorder: places are the job's slots, claimed and leased in the
+    database (so workers sharing a job never measure more than its budget), and
+    results finish them, fenced by the lease's epoch."""
 
-    def __init__(
-        self, worker: Worker, job: JobRecord, engine: JobEngine, strategy: SearchStrategy, workload_id: int,
-        known: dict[str, StoredTrial],
-    ) -> None:  # fmt: skip
-        self.w, self.job, self.engine, self.strategy = worker, job, engine, strategy
-        self.workload_id, self.known = workload_id, known
-        stages = worker.stages
-        self.builder, self.runner = stages.builder, stages.runner
-        self.max_in_flight = max(worker.options.jobs, 1) + (1 if self.runner is not None else 0)
-        self.in_flight: dict[Future, _Work] = {}
-        self.taken: set[str] = set()  # candidates of other slots of the job, as last read
+    def __init__(self, worker: "Worker", job: JobRecord, workload_id: int) -> None:
+        self.w, self.job, self.workload_id = worker, job, workload_id
+        self._taken: set[str] = set()
+        self._stale = True  # the candidates other slots hold are read again when needed
 
-    def run(self) -> None:
+    def claim(self) -> Slot | None:
         w = self.w
-        claiming = True
-        while True:
-            if w._stop.is_set():
-                claiming = False
-                if w._stop_at is not None and time.monotonic() - w._stop_at > w.settings.drain_timeout:
-                    w._abort.set()
-            if w._abort.is_set():
-                break
-            while claiming and len(self.in_flight) < self.max_in_flight:
-                claiming = self._claim_one()
-            if not self.in_flight:
-                break
-            done, _ = wait(list(self.in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in done:
-                self._advance(fut, self.in_flight.pop(fut))
-        if self.in_flight:  # aborted: what is still in flight goes back to the queue
-            w._hand_back([work.lease for work in self.in_flight.values()])
-            self.in_flight.clear()
-
-    def _claim_one(self) -> bool:
-        """Claim a slot and start building its candidate; False when the job has nothing more."""
-        w = self.w
+        if w.draining:
+            return None
         lease = w._db("claim a trial", w.queue.claim_slot, self.job.id, w.id)
         if lease is None:
-            return False
+            return None
         w._leases[lease.id] = lease
-        proposal, exhausted = self._proposal(lease)
-        if proposal is None:
-            # The space ran dry: drop the slot, the job claims no more. Otherwise
-            # (aborting, or the lease was lost meanwhile) the slot goes back.
-            w._db("release", w.queue.release_slot, lease, exhausted=exhausted)
-            w._leases.pop(lease.id, None)
-            return False
-        fut = self.builder.submit(self.engine.build_input(proposal.candidate))
-        self.in_flight[fut] = _Work(lease, proposal)
-        return True
+        return Slot(ROLES.get(lease.kind, SEARCH), lease.candidate, dict(lease.decisions), token=lease.optuna_trial, handle=lease)
 
-    def _proposal(self, lease: SlotLease) -> tuple[Proposal | None, bool]:
-        """The slot's candidate: its own (a retry or a baseline), else a fresh
-        proposal; (None, True) when the space is exhausted."""
-        w = self.w
-        if lease.candidate is not None:
-            return Proposal(lease.candidate, dict(lease.decisions), token=lease.optuna_trial), False
-        # Skipping what is known or taken is bounded by how much is known or taken;
-        # beyond that, a run of refusals means the strategy has nothing new.
-        for _ in range(len(self.known) + self.job.budget + MAX_PROPOSALS_PER_SLOT):
-            if w._abort.is_set():
-                return None, False
-            proposals = w._db("propose", self.strategy.propose, 1)
-            if not proposals:
-                return None, True
-            proposal = proposals[0]
-            candidate = proposal.candidate
-            if candidate.hash in self.known:  # measured before (an earlier run or job)
-                self._notify(proposal, self.known[candidate.hash].result)
-                continue
-            if candidate.hash in self.taken:  # another slot of this job has it (seen before)
-                self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "duplicate of another trial of the job"))
-                continue
-            number = getattr(proposal.token, "number", None)
-            outcome = w._db("assign", w.queue.assign_candidate, lease, candidate, proposal.decisions, number,
-                            workload_id=self.workload_id)  # fmt: skip
-            if outcome == ASSIGNED:
-                return proposal, False
-            if outcome == DUPLICATE:  # another slot of this job holds it: learn what else is taken
-                self.taken = w._db("taken candidates", w.queue.job_candidate_hashes, self.job.id)
-                self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "duplicate of another trial of the job"))
-                continue
-            # LOST: the slot is someone else's now; the proposal is told as failed.
-            self._notify(proposal, TrialResult(candidate.hash, Status.REJECTED, "lease lost before the trial started"))
-            return None, False
-        return None, True
+    def assign(self, slot: Slot, proposal: Proposal) -> str:
+        number = getattr(proposal.token, "number", None)
+        outcome = self.w._db("assign", self.w.queue.assign_candidate, slot.handle, proposal.candidate, proposal.decisions, number,
+                             workload_id=self.workload_id)  # fmt: skip
+        if outcome == DUPLICATE:
+            self._stale = True
+        return {ASSIGNED: Assignment.ASSIGNED, DUPLICATE: Assignment.DUPLICATE}.get(outcome, Assignment.LOST)
 
-    def _advance(self, fut: Future, work: _Work) -> None:
-        if work.build is None:
-            build: BuildResult = fut.result()
-            if build.ok and self.runner is not None:
-                work.build = build
-                self.in_flight[self.runner.submit(self.engine.run_input(work.proposal.candidate))] = work
-                return
-            self._finish(work, TrialResult(work.proposal.candidate.hash, build.status, build.message, build_seconds=build.seconds))
-            return
-        result: TrialResult = fut.result()
-        self._finish(work, dataclasses.replace(result, build_seconds=work.build.seconds))
+    def taken(self) -> set[str]:
+        if self._stale:
+            self._taken = self.w._db("taken candidates", self.w.queue.job_candidate_hashes, self.job.id)
+            self._stale = False
+        return self._taken
 
-    def _finish(self, work: _Work, result: TrialResult) -> None:
-        w, lease = self.w, work.lease
-        role = "baseline" if lease.kind == BASELINE else "search"
-        info = {**result.info, "role": role, "decisions": work.proposal.decisions, "job": self.job.id, "worker": w.id}
-        result = dataclasses.replace(result, info=info)
-        recorded = w._db("record a trial", w.queue.finish_slot, lease, workload_id=self.workload_id,
-                         candidate=work.proposal.candidate, result=result)  # fmt: skip
+    def release(self, slot: Slot, *, exhausted: bool) -> None:
+        self.w._db("release", self.w.queue.release_slot, slot.handle, exhausted=exhausted)
+        self.w._leases.pop(slot.handle.id, None)
+
+    def reuse(self, slot: Slot, known: TrialResult) -> None:
+        assert slot.candidate is not None
+        self.record(slot, slot.candidate, known)  # a baseline an earlier job measured: the slot closes with it
+
+    def record(self, slot: Slot, candidate: Candidate, result: TrialResult) -> bool:
+        w, lease = self.w, slot.handle
+        result = dataclasses.replace(result, info={**result.info, "job": self.job.id, "worker": w.id})
+        recorded = w._db("record a trial", w.queue.finish_slot, lease, workload_id=self.workload_id, candidate=candidate, result=result)
         w._leases.pop(lease.id, None)
         if not recorded:
             w.rejected += 1
             _log.warning("trial %d (job %d): result refused, the lease expired meanwhile (epoch %d)", lease.id, self.job.id, lease.epoch)
-            return
+            return False
         w.finished += 1
-        if lease.kind == SEARCH:
-            self._notify(work.proposal, result)
+        return True
 
-    def _notify(self, proposal: Proposal, result: TrialResult) -> None:
+    def record_confirmed(self, candidate: Candidate, result: TrialResult) -> None:
+        self.w._db("record a confirmed trial", self.w.store.commit_trial, workload_id=self.workload_id, candidate=candidate, result=result)
+
+    def stopping(self) -> bool:
+        w = self.w
+        if w._stop_at is not None and time.monotonic() - w._stop_at > w.settings.drain_timeout:
+            w._abort.set()
+        return w._abort.is_set()
+
+
+class _Retrying(SearchStrategy):
+    """The job's strategy, its database calls (Optuna's storage is the job's
+    database) retried through outages; a sampler bookkeeping error is logged,
+    never allowed to lose the job."""
+
+    def __init__(self, inner: SearchStrategy, worker: "Worker") -> None:
+        self.inner, self.w = inner, worker
+
+    def pre_tuning(self, space: Any, history: list[tuple[dict[str, Any], TrialResult]]) -> None:
+        self.w._db("start the sampler", self.inner.pre_tuning, space, history)
+
+    def propose(self, n: int) -> list[Proposal]:
+        return self.w._db("propose", self.inner.propose, n)
+
+    def notify(self, proposal: Proposal, result: TrialResult) -> None:
         try:
-            self.w._db("tell the sampler", self.strategy.notify, proposal, result)
-        except Exception as exc:  # noqa: BLE001 - a sampler bookkeeping error must not lose the job
+            self.w._db("tell the sampler", self.inner.notify, proposal, result)
+        except Exception as exc:  # noqa: BLE001
             _log.warning("sampler could not take a result: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
 
 
 def _is_db_error(exc: BaseException) -> bool:

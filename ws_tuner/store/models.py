@@ -251,6 +251,7 @@ class JobTrialModel(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # as the trial's (v0.3.0.a)
     created_at: Mapped[datetime] = _created_at()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

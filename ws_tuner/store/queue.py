@@ -51,8 +51,9 @@ FINAL_JOB_STATES = (SUCCEEDED, FAILED, CANCELLED)
 DONE = "done"
 SLOT_STATES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
 TERMINAL_SLOT_STATES = (DONE, FAILED, CANCELLED)
-# Slot kinds.
-SEARCH, BASELINE = "search", "baseline"
+# Slot kinds: a search slot counts against the budget; baselines and the warm
+# start (the best schedules of the nearest stored problem) come on top.
+SEARCH, BASELINE, WARM = "search", "baseline", "warm"
 # Worker states.
 W_RUNNING, W_DRAINING, W_STOPPED, W_LOST = "running", "draining", "stopped", "lost"
 # assign_candidate outcomes.
@@ -216,7 +217,7 @@ class JobQueue:
         return select(JobModel, KernelModel.sha256).join(KernelModel, JobModel.kernel_id == KernelModel.id)
 
     def _records(
-        self, session: Session, rows: list[Any], *, with_best_candidate: bool = False, counts: bool = True
+        self, session: Session, rows: list[Any], *, counts: bool = True
     ) -> list[JobRecord]:
         ids = [job.id for job, _ in rows]
         by_state: dict[int, dict[str, int]] = {i: {} for i in ids}
@@ -233,22 +234,22 @@ class JobQueue:
                 by_state[job_id][state] = by_state[job_id].get(state, 0) + n
                 if kind == SEARCH:
                     search_counts[job_id][state] = n
-            # The job's best is what its search found (baselines are reported with the trials).
-            q = (
-                select(JobTrialModel.job_id, func.min(JobTrialModel.median_ms))
+            # The job's best is what its search found (baselines are reported with the trials),
+            # ranked as trials are: by the ratio to the anchor (workers on several GPUs
+            # time beside the same anchor), then by time.
+            rank = func.row_number().over(
+                partition_by=JobTrialModel.job_id,
+                order_by=(JobTrialModel.ratio.is_(None), JobTrialModel.ratio, JobTrialModel.median_ms, JobTrialModel.id),
+            ).label("rank")
+            ranked = (
+                select(JobTrialModel.job_id, JobTrialModel.candidate_hash, JobTrialModel.median_ms, rank)
                 .where(JobTrialModel.job_id.in_(ids), JobTrialModel.status == Status.OK.value,
                        JobTrialModel.median_ms.is_not(None), JobTrialModel.kind == SEARCH)
-                .group_by(JobTrialModel.job_id)
+                .subquery()
             )  # fmt: skip
-            best = {job_id: ms for job_id, ms in session.execute(q)}
-            if with_best_candidate:
-                for job_id, ms in best.items():
-                    best_hash[job_id] = session.scalar(
-                        select(JobTrialModel.candidate_hash)
-                        .where(JobTrialModel.job_id == job_id, JobTrialModel.status == Status.OK.value,
-                               JobTrialModel.median_ms == ms, JobTrialModel.kind == SEARCH)
-                        .order_by(JobTrialModel.id).limit(1)
-                    )  # fmt: skip
+            for job_id, candidate_hash, ms in session.execute(select(ranked.c.job_id, ranked.c.candidate_hash, ranked.c.median_ms).where(ranked.c.rank == 1)):
+                best[job_id] = ms
+                best_hash[job_id] = candidate_hash
         return [
             JobRecord(
                 id=job.id, state=job.state, kernel=job.kernel, kernel_id=job.kernel_id, kernel_sha256=sha,
@@ -267,7 +268,7 @@ class JobQueue:
     def get_job(self, job_id: int) -> JobRecord | None:
         with self.store.session_scope(read_only=True) as session:
             rows = session.execute(self._job_query().where(JobModel.id == job_id)).all()
-            found = self._records(session, list(rows), with_best_candidate=True)
+            found = self._records(session, list(rows))
             return found[0] if found else None
 
     def list_jobs(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[JobRecord], int]:
@@ -506,7 +507,7 @@ class JobQueue:
                 .where(JobTrialModel.id == lease.id, JobTrialModel.epoch == lease.epoch, JobTrialModel.state == RUNNING)
                 .values(
                     state=DONE, status=Status(result.status).value, message=(result.message or "")[:4000],
-                    median_ms=timing.median_ms if timing else None, tflops=result.tflops,
+                    median_ms=timing.median_ms if timing else None, tflops=result.tflops, ratio=result.ratio,
                     workload_id=workload_id, finished_at=now, heartbeat_at=now,
                     candidate_hash=candidate.hash, candidate=candidate.canonical(),
                 )
@@ -536,13 +537,13 @@ class JobQueue:
             )  # fmt: skip
             return result.rowcount == 1
 
-    def add_baseline_slots(self, job_id: int, candidates: Iterable[Candidate]) -> int:
-        """Queue the baselines of a job (not counted in its search budget)."""
+    def add_baseline_slots(self, job_id: int, candidates: Iterable[Candidate], *, kind: str = BASELINE) -> int:
+        """Queue the baselines (or the warm start) of a job: not counted in its search budget."""
         added = 0
         with self.store.session_scope() as session:
             for candidate in candidates:
                 stmt = self.store._insert(JobTrialModel).values(
-                    job_id=job_id, slot=None, kind=BASELINE, state=QUEUED, attempts=0, epoch=0,
+                    job_id=job_id, slot=None, kind=kind, state=QUEUED, attempts=0, epoch=0,
                     candidate_hash=candidate.hash, candidate=candidate.canonical(), decisions="{}",
                 )  # fmt: skip
                 added += session.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "candidate_hash"])).rowcount

@@ -16,12 +16,12 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-from .builder import Builder, BuildInput, BuildResult
-from .candidate import Candidate, Lowering
-from .measure import REASON_SW_POWER_CAP, REASON_SW_THERMAL, ClockReading, Sample
-from .result import Status, Timing, TrialResult
-from .runner import RunInput, Runner
-from .workload import Environment
+from ..builder import Builder, BuildInput, BuildResult
+from ..candidate import Candidate, Lowering
+from ..measure import REASON_SW_POWER_CAP, REASON_SW_THERMAL, ClockReading, Sample
+from ..result import Status, Timing, TrialResult
+from ..runner import RunInput, Runner
+from ..workload import Environment
 
 DUMMY_DEVICE = "Dummy H200 (test double)"
 
@@ -61,7 +61,7 @@ class DummyRunner(Runner):
         self._lock = threading.Lock()
 
     def environment(self) -> Environment:
-        from . import compiler
+        from .. import compiler
 
         return Environment("sm_90a", DUMMY_DEVICE, compiler.tilelang_version(), compiler.cuda_version(), "dummy")
 
@@ -93,7 +93,7 @@ class VerifyOnlyBuilder(Builder):
     """Real MaterializeWSSchedule verification, in process, without nvcc."""
 
     def submit(self, build_input: BuildInput) -> "Future[BuildResult]":
-        from . import compiler
+        from .. import compiler
 
         fut: Future[BuildResult] = Future()
         start = time.perf_counter()

@@ -1,5 +1,8 @@
-"""Test doubles for the service, selected by the worker's hidden options
-(``--space fake``, ``--builder fake``, ``--runner dummy``).
+"""Test doubles for the service: a synthetic space, a builder that builds
+nothing, a fast dummy runner, and the ``Stages`` that put them in a worker.
+Tests start such workers in a thread (``test_stages``) or as a process through
+the test-only entry point ``python -m ws_tuner.testing.worker``; the
+production ``ws-tune worker`` has none of this.
 
 They exist so that queue and reliability tests (hundreds of trials, several
 worker processes, kills and restarts) run in seconds on a CPU: the schedule
@@ -15,11 +18,20 @@ from concurrent.futures import Future
 from importlib import metadata
 from typing import Any, Callable, Iterator, Sequence
 
+from pathlib import Path
+
 from ..builder import Builder, BuildInput, BuildResult
 from ..candidate import Candidate, Lowering
 from ..result import Status
-from ..testing import DUMMY_DEVICE, DummyRunner
+from ..runner import EvaluatorConfig, Runner
+from ..server.worker import JobEngine, Stages, WorkerOptions
+from ..store.queue import JobRecord
 from ..workload import Environment
+from . import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder
+
+# A device name no real GPU has: results of test doubles can never be mistaken
+# for (or reused as) a real compile-only or timed tuning's.
+COMPILE_ONLY_DOUBLE = "compile-only (test double)"
 
 FAKE_AXES: dict[str, tuple[int, ...]] = {name: tuple(range(12)) for name in ("a", "b", "c", "d")}  # 20,736 points
 
@@ -86,3 +98,37 @@ class FastDummyRunner(DummyRunner):
         except metadata.PackageNotFoundError:
             tilelang = "none"
         return Environment("sm_90a", DUMMY_DEVICE, tilelang, "none", "dummy")
+
+
+class TestStages(Stages):
+    """A worker's stages made of test doubles; with ``fake_space`` the job's
+    kernel file is not even loaded (the synthetic space stands in for it)."""
+
+    def __init__(self, builder: Builder, runner: Runner | None, options: WorkerOptions, *, fake_space: bool) -> None:
+        env = runner.environment() if runner else Environment("sm_90a", COMPILE_ONLY_DOUBLE, "none", "none", "none")
+        super().__init__(builder, runner, env, options)
+        self.fake_space = fake_space
+
+    def engine(self, job: JobRecord, kernel_path: Path) -> JobEngine:
+        if not self.fake_space:
+            return super().engine(job, kernel_path)
+        return JobEngine(job.kernel, str(kernel_path), job.kernel_sha256, dict(job.problem), FakeSpace(), baselines=fake_baselines,
+                         anchors=lambda: fake_baselines()[:1], evaluator=EvaluatorConfig(timeout=self.options.run_timeout))  # fmt: skip
+
+
+def test_stages(*, builder: str = "fake", runner: str = "dummy", space: str = "fake", runner_delay: float = 0.0,
+                options: WorkerOptions = WorkerOptions()) -> TestStages:  # fmt: skip
+    """Stages by name: builder fake|verify-only, runner dummy|none, space fake|kernel."""
+    builders: dict[str, Callable[[], Builder]] = {"fake": FakeBuilder, "verify-only": VerifyOnlyBuilder}
+    if builder not in builders or runner not in ("dummy", "none") or space not in ("fake", "kernel"):
+        raise ValueError(f"unknown test stages {builder}/{runner}/{space}")
+    fake_space = space == "fake"
+    dummy: Runner | None = None
+    if runner == "dummy":
+        # The engine's own double on a real kernel: the same workload key as its tests.
+        dummy = FastDummyRunner(delay=runner_delay, latency=fake_latency) if fake_space else DummyRunner(delay=runner_delay)
+    return TestStages(builders[builder](), dummy, options, fake_space=fake_space)
+
+
+test_stages.__test__ = False  # type: ignore[attr-defined]  # a factory, not a pytest test
+TestStages.__test__ = False  # type: ignore[attr-defined]
