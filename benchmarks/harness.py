@@ -124,16 +124,17 @@ def entries(report: TuneReport, task: Task, prefix: str = "") -> list[Entry]:
     return out
 
 
-def independent(items: list[Entry], *, rounds: int = 3, preheat_s: float = 0.3) -> dict[str, dict[str, float]]:
+def independent(items: list[Entry], *, gpu: int = 0, rounds: int = 3, preheat_s: float = 0.3) -> dict[str, dict[str, float]]:
     """Re-time each entry with triton's do_bench and a back-to-back loop, interleaved, in steady state."""
     import torch
     from triton.testing import do_bench
 
-    from ws_tuner import gpu
+    from ws_tuner import gpu as ws_gpu
 
+    torch.cuda.set_device(gpu)
     launches = {}
     for item in items:
-        task, launch = gpu.launcher(item.run_input)
+        task, launch = ws_gpu.launcher(item.run_input)
         args = task.spec.inputs(task.problem, "cuda")
         launches[item.label] = (lambda launch=launch, args=args: launch(args))
     bench: dict[str, list[float]] = {k: [] for k in launches}
@@ -193,6 +194,53 @@ def order_agrees(rows: list[dict[str, Any]]) -> bool:
             if (ws["ws_tune_tflops"] >= other["ws_tune_tflops"]) != (ws["independent_tflops"] >= other["independent_tflops"]):
                 return False
     return True
+
+
+def run(kernel_file: Path, problems: dict[str, dict[str, Any]], grid: dict[str, tuple[Any, ...]], *, out: Path, budget: int,
+        jobs: int, gpu: int = 0, repeat: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """Tune each problem (TPE, one database), optionally a second time (fresh
+    database, another seed), then re-time winners and baselines independently.
+    Returns (one summary row per tuning, fidelity rows)."""
+    from ws_tuner.kernel import load_kernel
+
+    out.mkdir(parents=True, exist_ok=True)
+    spec = load_kernel(kernel_file)
+    rows, tuned = [], []
+    with LocalRunner(gpu) as runner:
+        for label, problem in [*problems.items(), *([(repeat, problems[repeat])] if repeat else [])]:
+            again = len(tuned) >= len(problems)
+            task = Task.make(spec, spec.parse_problem(problem), grid)
+            db = out / ("repeat.db" if again else f"{kernel_file.stem}.db")
+            report = tune(task, str(db), strategy="tpe", budget=budget, jobs=jobs, seed=1 if again else 0, runner=runner)
+            rows.append({"shape": label, "run": "tpe-repeat" if again else "tpe", **summary_row(report)})
+            tuned.append((task, report, "repeat-" if again else ""))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "winner_source"}), flush=True)
+    # The runner's process is gone: the independent timer has the GPU to itself.
+    fidelity = []
+    for task, report, prefix in tuned:
+        items = entries(report, task, prefix)
+        if prefix:  # the repeat's winner, side by side with the first tuning's
+            first = next(r for t, r, p in tuned if not p and t.problem == task.problem)
+            items = [i for i in items if i.label == prefix + "ws"] + [i for i in entries(first, task, "first-") if i.label == "first-ws"]
+        fidelity += fidelity_rows(items, independent(items, gpu=gpu))
+    write(out, "fidelity.json", fidelity)
+    return rows, fidelity
+
+
+def table(rows: list[dict[str, Any]], fidelity: list[dict[str, Any]], columns: list[tuple[str, str, str | None]]) -> list[str]:
+    """Markdown rows: each column (title, row key, fidelity kind or None) as `ws-tune / independent` where both exist."""
+    indep = {(json.dumps(f["problem"], sort_keys=True), f["kind"]): f for f in fidelity}
+
+    def cell(row: dict[str, Any], key: str, kind: str | None) -> str:
+        f = indep.get((json.dumps(row["problem"], sort_keys=True), kind)) if kind else None
+        return f"{row[key]} / {f['independent_tflops']}" if f and row.get(key) is not None else str(row.get(key))
+
+    lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r, key, kind) for _, key, kind in columns) + " |" for r in rows]
+    worst = max((abs(f["agreement"] - 1) for f in fidelity), default=0.0)
+    lines += ["", f"fidelity: {len(fidelity)} rows, largest gap between ws-tune and do_bench {worst:.1%}; "
+              f"winner-vs-baseline order the same in both: {order_agrees(fidelity)}"]  # fmt: skip
+    return lines
 
 
 def write(out: Path, name: str, rows: list[dict[str, Any]]) -> None:
