@@ -15,6 +15,8 @@ WORKDIR /opt/ws-tune
 
 COPY pyproject.toml README.md ./
 COPY ws_tuner ./ws_tuner
+COPY server ./server
+COPY migrations ./migrations
 RUN pip install --index-url https://download.pytorch.org/whl/cu128 "torch==2.13.0" \
  && pip install .
 

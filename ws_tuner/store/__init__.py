@@ -1,7 +1,7 @@
 """Where ws-tune keeps every result: SQLite by default, PostgreSQL by URL.
 
 ``repository.py`` is the only module that issues SQL; ``models.py`` holds the
-tables; the schema comes from the Alembic migrations in ``ws_tuner/migrations``.
+tables; the schema comes from the Alembic migrations in ``migrations/`` (installed as ``ws_tuner.migrations``).
 """
 
 from .repository import (

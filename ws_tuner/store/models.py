@@ -1,6 +1,6 @@
 """SQLAlchemy tables of the ws-tune store: one table per concept.
 
-Tables come from the Alembic migrations in ``ws_tuner/migrations``, never from
+Tables come from the Alembic migrations in ``migrations/`` (installed as ``ws_tuner.migrations``), never from
 ``Base.metadata.create_all``: the migrations are the schema's history, and a
 database built any other way has no revision to check against. Anyone adding a
 table (jobs, tokens, ...) adds its model here, named with TABLE_PREFIX, *and* a

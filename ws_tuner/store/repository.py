@@ -22,6 +22,7 @@ Contracts (callers rely on these):
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import logging
 import os
@@ -53,9 +54,9 @@ from .models import VERSION_TABLE, Base, CandidateModel, TrialModel, WorkloadMod
 _log = logging.getLogger(__name__)
 
 ENV_VAR = "WS_TUNE_DB"
-# The migrations ship inside the package (package-data), so an installed wheel
-# can create and upgrade its own schema without a checkout or an alembic.ini.
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The migrations (migrations/ in the repository) install as ws_tuner.migrations, so an
+# installed wheel can create and upgrade its own schema without a checkout or an alembic.ini.
+MIGRATIONS_DIR = Path(str(importlib.resources.files("ws_tuner.migrations")))
 SQLITE_BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's write lock
 PG_CONNECT_TIMEOUT_S = 10  # libpq waits forever by default on a black-holed host
 # pg_advisory_xact_lock key ("ws_tune" in ASCII) held while migrating, so that two
