@@ -6,7 +6,7 @@ PROBLEM = {"M": None, "N": None, "K": None}
 PARAMS = {"block_M": [128], "block_N": [128, 256], "block_K": [64]}
 
 
-def kernel(problem, *, block_M, block_N, block_K):
+def kernel(problem, *, block_M, block_N, block_K, num_stages=3):
     M, N, K = problem["M"], problem["N"], problem["K"]
 
     @T.prim_func
@@ -16,7 +16,7 @@ def kernel(problem, *, block_M, block_N, block_K):
             B_s = T.alloc_shared((block_K, block_N), "float16")
             C_l = T.alloc_fragment((block_M, block_N), "float32")
             T.clear(C_l)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=3):
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                 T.copy(A[by * block_M, k * block_K], A_s)
                 T.copy(B[k * block_K, bx * block_N], B_s)
                 T.gemm(A_s, B_s, C_l)
