@@ -80,20 +80,32 @@ def check(problem, params, schedule):
     return None
 
 
+class Part:
+    """The buffers of one consumer role. Read as attributes, they bind no new
+    names in the kernel; and the schedule refers to buffers by name."""
+
+    FIELDS = ("Q", "K", "V", "O", "S", "P", "acc", "m", "m_prev", "alpha", "row_sum", "l")
+
+    def __init__(self, index, *buffers):
+        self.index = index
+        for name, buf in zip(self.FIELDS, buffers, strict=True):
+            setattr(self, name, buf)
+
+
 def kernel(problem, *, block_M, block_N, stages, mma, consumers):
     B, H, S, D = problem["B"], problem["H"], problem["S"], problem["D"]
     dtype, accum = problem["dtype"], "float32"
     causal = bool(problem["causal"])
     asynchronous = mma == "async"
     pingpong = consumers == "pingpong"
-    parts = 2 if pingpong else 1  # consumer roles, each with its own rows and buffers
-    rows = block_M // parts
+    rows = block_M // 2 if pingpong else block_M  # query rows of one consumer role
     consumer_warps = block_M // 16
     scale = LOG2E / math.sqrt(D)
     shape = (B, S, H, D)
     m_blocks = S // block_M
     n_blocks = S // block_N
     roles = _consumer_roles({"consumers": consumers})
+    gemm = T.wgmma_gemm if asynchronous else T.gemm
 
     # Index expressions are Python helpers, not bindings in the kernel: a
     # binding would be a statement of its own, to be placed in every role.
@@ -105,7 +117,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         # Causal: key blocks up to the block's last row.
         return T.ceildiv(block_row(bx, 0) + block_M, block_N) if causal else n_blocks
 
-    def schedule(bufs):
+    def schedule(parts):
         """The seed: a TMA producer warp after the consumer warpgroups; Q once, K and V per step."""
         W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
         A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
@@ -114,113 +126,35 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         for p, role in enumerate(roles):
             # FlashAttention-3's order: S of block k, then P V of block k-1 (V one
             # stage behind), so the softmax of block k overlaps that product.
-            body = [f"turn{p}"] if pingpong else []
-            body += [W(f"k{p}", 0), f"qk{p}"]
+            turn, give = ([f"turn{p}"], [f"pass{p}"]) if pingpong else ([], [])
             mask = [f"mask{p}"] if causal else []
             if asynchronous:
-                body += [W(f"v{p}", 1), f"pv{p}"] + ([f"pass{p}"] if pingpong else [])
-                body += [f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]
+                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", W(f"v{p}", 1), f"pv{p}"] + give + [
+                    f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]  # fmt: skip
             else:
-                body += [R(f"k{p}", 0), W(f"v{p}", 1), f"pv{p}", R(f"v{p}", 1)] + ([f"pass{p}"] if pingpong else [])
-                body += mask + [f"softmax{p}", f"rescale{p}"]
-            loop_bodies[role] = body
-            root = [W(f"q{p}", 0), f"init{p}"]
-            if pingpong and p == 1:
-                root.append("start1")  # consumer 0 takes the first turn
-            root += ["loop_k"] + ([f"drain{p}"] if asynchronous else []) + [R(f"q{p}", 0), f"store{p}"]
-            root_bodies[role] = root
+                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", R(f"k{p}", 0), W(f"v{p}", 1), f"pv{p}", R(f"v{p}", 1)] + give + mask + [
+                    f"softmax{p}", f"rescale{p}"]  # fmt: skip
+            start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
+            drain = [f"drain{p}"] if asynchronous else []
+            root_bodies[role] = [W(f"q{p}", 0), f"init{p}"] + start + ["loop_k"] + drain + [R(f"q{p}", 0), f"store{p}"]
             producer_root += [A(f"q{p}", 0), f"load_q{p}", C(f"q{p}", 0)]
             producer_loop += [A(f"k{p}", 0), f"load_k{p}", C(f"k{p}", 0), A(f"v{p}", 0), f"load_v{p}", C(f"v{p}", 0)]
         loop_bodies["Producer"] = producer_loop
         root_bodies["Producer"] = producer_root + ["loop_k"]
-        warps_per_role = consumer_warps // parts
-        ws_roles = [
-            T.WSRole(role, warps_lo=p * warps_per_role, warps_hi=(p + 1) * warps_per_role, max_nreg=240)
-            for p, role in enumerate(roles)
-        ]
+        warps = consumer_warps // len(roles)
+        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=240) for p, role in enumerate(roles)]
         ws_roles.append(T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=24))
         pipelines = []
-        for p in range(parts):
-            Q_s, K_s, V_s = bufs[p][:3]
-            pipelines += [T.WSPipeline(f"q{p}", [Q_s], depth=1), T.WSPipeline(f"k{p}", [K_s], depth=stages),
-                          T.WSPipeline(f"v{p}", [V_s], depth=stages)]  # fmt: skip
+        for part in parts:
+            p = part.index
+            pipelines += [T.WSPipeline(f"q{p}", [part.Q], depth=1), T.WSPipeline(f"k{p}", [part.K], depth=stages),
+                          T.WSPipeline(f"v{p}", [part.V], depth=stages)]  # fmt: skip
         return T.WSSchedule(
             num_warps=consumer_warps + 4,
             roles=ws_roles,
             pipelines=pipelines,
             scopes=[T.WSScope("loop_k", loop_bodies), T.WSScope(T.WSScope.ROOT, root_bodies)],
         )
-
-    def load_q(Q, bufs, p, bx, by, bz):
-        T.copy(Q[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :], bufs[0], annotations={T.WSID: f"load_q{p}"})
-
-    def init(bufs, p):
-        with T.ws_op(f"init{p}"):
-            T.fill(bufs[6], 0)
-            T.fill(bufs[11], 0)
-            T.fill(bufs[7], -T.infinity(accum))
-
-    def step(K, V, bufs, p, k, bx, by, bz):
-        """One K/V block for consumer p, in the plain program's order (what
-        tilelang's own lowerings build); the schedule reorders it."""
-        Q_s, K_s, V_s, _, acc_s, acc_p, acc_o, m, m_prev, alpha, row_sum, l = bufs
-        T.copy(K[bz, k * block_N : (k + 1) * block_N, by, :], K_s, annotations={T.WSID: f"load_k{p}"})
-        T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], V_s, annotations={T.WSID: f"load_v{p}"})
-        if pingpong:
-            with T.ws_op(f"turn{p}"):
-                T.sync_threads(TURN_BARRIERS[p], 256)
-        gemm(Q_s, K_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
-        if pingpong:
-            with T.ws_op(f"pass{p}"):
-                if p == 0:
-                    T.named_barrier_arrive(TURN_BARRIERS[1], 256)
-                else:  # consumer 0 took the first turn: none is left over at the end
-                    if k < loop_extent(bx) - 1:
-                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
-        if asynchronous:
-            # S of this block is done; a P V product issued after it may still run.
-            with T.ws_op(f"wait_s{p}"):
-                if k == 0:
-                    T.wait_wgmma(0)
-                if k > 0:
-                    T.wait_wgmma(1)
-        if causal:
-            with T.ws_op(f"mask{p}"):
-                if (k + 1) * block_N > block_row(bx, p):  # only blocks that reach past the diagonal
-                    for i, j in T.Parallel(rows, block_N):
-                        acc_s[i, j] = T.if_then_else(block_row(bx, p) + i >= k * block_N + j, acc_s[i, j], -T.infinity(accum))
-        with T.ws_op(f"softmax{p}"):
-            T.copy(m, m_prev)
-            T.reduce_max(acc_s, m, dim=1, clear=False)
-            for i in T.Parallel(rows):
-                alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
-            for i, j in T.Parallel(rows, block_N):
-                acc_s[i, j] = T.exp2(acc_s[i, j] * scale - m[i] * scale)
-            T.reduce_sum(acc_s, row_sum, dim=1)
-            for i in T.Parallel(rows):
-                l[i] = l[i] * alpha[i] + row_sum[i]
-        if asynchronous:
-            with T.ws_op(f"wait_o{p}"):
-                T.wait_wgmma(0)  # the P V product that reads P and writes O
-        with T.ws_op(f"rescale{p}"):
-            for i, j in T.Parallel(rows, D):
-                acc_o[i, j] *= alpha[i]
-            T.copy(acc_s, acc_p)
-        gemm(acc_p, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"pv{p}"})
-
-    def finish(Output, bufs, p, bx, by, bz):
-        O_s, acc_o, l = bufs[3], bufs[6], bufs[11]
-        if asynchronous:
-            with T.ws_op(f"drain{p}"):
-                T.wait_wgmma(0)  # the last P V product
-        with T.ws_op(f"store{p}"):
-            for i, j in T.Parallel(rows, D):
-                acc_o[i, j] /= l[i]
-            T.copy(acc_o, O_s)
-            T.copy(O_s, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
-
-    gemm = T.wgmma_gemm if asynchronous else T.gemm
-    load_q, init, step, finish = (T.macro(f) for f in (load_q, init, step, finish))
 
     def alloc():
         return (
@@ -233,10 +167,82 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             T.alloc_fragment((rows, D), accum),  # O accumulator
             T.alloc_fragment((rows,), accum),  # running max
             T.alloc_fragment((rows,), accum),  # previous max
-            T.alloc_fragment((rows,), accum),  # rescale factor
+            T.alloc_fragment((rows,), accum),  # rescale factor of O and l
             T.alloc_fragment((rows,), accum),  # row sums of P
-            T.alloc_fragment((rows,), accum),  # running sum
+            T.alloc_fragment((rows,), accum),  # running sum l
         )
+
+    @T.macro
+    def prologue(Q, part, bx, by, bz):
+        p = part.index
+        T.copy(Q[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :], part.Q, annotations={T.WSID: f"load_q{p}"})
+        with T.ws_op(f"init{p}"):
+            T.fill(part.acc, 0)
+            T.fill(part.l, 0)
+            T.fill(part.m, -T.infinity(accum))
+
+    @T.macro
+    def step(K, V, part, k, bx, by, bz):
+        """One K/V block for one consumer, in the plain program's order (what
+        tilelang's own lowerings build); the schedule reorders it."""
+        p = part.index
+        T.copy(K[bz, k * block_N : (k + 1) * block_N, by, :], part.K, annotations={T.WSID: f"load_k{p}"})
+        T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], part.V, annotations={T.WSID: f"load_v{p}"})
+        if pingpong:
+            with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
+                T.sync_threads(TURN_BARRIERS[p], 256)
+        gemm(part.Q, part.K, part.S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
+        if pingpong:
+            with T.ws_op(f"pass{p}"):  # hand the turn over
+                if p == 0:
+                    T.named_barrier_arrive(TURN_BARRIERS[1], 256)
+                else:  # consumer 0 took the first turn: none is left over at the end
+                    if k < loop_extent(bx) - 1:
+                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+        if asynchronous:
+            # S of this block is done; the P V product issued after it may still run.
+            with T.ws_op(f"wait_s{p}"):
+                if k == 0:
+                    T.wait_wgmma(0)
+                if k > 0:
+                    T.wait_wgmma(1)
+        if causal:
+            with T.ws_op(f"mask{p}"):
+                if (k + 1) * block_N > block_row(bx, p):  # only blocks that reach past the diagonal
+                    for i, j in T.Parallel(rows, block_N):
+                        part.S[i, j] = T.if_then_else(block_row(bx, p) + i >= k * block_N + j, part.S[i, j], -T.infinity(accum))
+        with T.ws_op(f"softmax{p}"):
+            T.copy(part.m, part.m_prev)
+            T.reduce_max(part.S, part.m, dim=1, clear=False)
+            for i in T.Parallel(rows):
+                part.alpha[i] = T.exp2(part.m_prev[i] * scale - part.m[i] * scale)
+            for i, j in T.Parallel(rows, block_N):
+                part.S[i, j] = T.exp2(part.S[i, j] * scale - part.m[i] * scale)
+            T.reduce_sum(part.S, part.row_sum, dim=1)
+            for i in T.Parallel(rows):
+                part.l[i] = part.l[i] * part.alpha[i] + part.row_sum[i]
+        if asynchronous:
+            with T.ws_op(f"wait_o{p}"):
+                T.wait_wgmma(0)  # the P V product that reads P and accumulates O
+        with T.ws_op(f"rescale{p}"):
+            for i, j in T.Parallel(rows, D):
+                part.acc[i, j] *= part.alpha[i]
+            T.copy(part.S, part.P)
+        gemm(part.P, part.V, part.acc, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"pv{p}"})
+
+    @T.macro
+    def epilogue(Output, part, bx, by, bz):
+        p = part.index
+        if asynchronous:
+            # The last P V product. In the seed its V stage is released before
+            # this wait; harmless, as the producer loads nothing after it.
+            with T.ws_op(f"drain{p}"):
+                T.wait_wgmma(0)
+        with T.ws_op(f"store{p}"):
+            for i, j in T.Parallel(rows, D):
+                part.acc[i, j] /= part.l[i]
+            T.copy(part.acc, part.O)
+            T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
 
     @T.prim_func
     def attention(
@@ -246,24 +252,25 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         Output: T.Tensor(shape, dtype),
     ):
         with T.Kernel(m_blocks, H, B, threads=consumer_warps * 32) as (bx, by, bz):
-            bufs0 = alloc()
-            bufs1 = alloc() if pingpong else bufs0
-            T.annotate_ws_schedule(schedule([bufs0, bufs1]))
-            load_q(Q, bufs0, 0, bx, by, bz)
+            # Buffers take the names of the variables they are bound to: each consumer's their own.
+            Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0 = alloc()
+            parts = [Part(0, Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0)]
             if pingpong:
-                load_q(Q, bufs1, 1, bx, by, bz)
-            init(bufs0, 0)
+                Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
+                parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
+            T.annotate_ws_schedule(schedule(parts))
+            prologue(Q, parts[0], bx, by, bz)
             if pingpong:
-                init(bufs1, 1)
+                prologue(Q, parts[1], bx, by, bz)
                 with T.ws_op("start1"):
                     T.named_barrier_arrive(TURN_BARRIERS[0], 256)
             for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
-                step(K, V, bufs0, 0, k, bx, by, bz)
+                step(K, V, parts[0], k, bx, by, bz)
                 if pingpong:
-                    step(K, V, bufs1, 1, k, bx, by, bz)
-            finish(Output, bufs0, 0, bx, by, bz)
+                    step(K, V, parts[1], k, bx, by, bz)
+            epilogue(Output, parts[0], bx, by, bz)
             if pingpong:
-                finish(Output, bufs1, 1, bx, by, bz)
+                epilogue(Output, parts[1], bx, by, bz)
 
     return attention
 
