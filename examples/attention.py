@@ -49,7 +49,21 @@ def _consumer_roles(params):
     return ["Consumer0", "Consumer1"] if params["consumers"] == "pingpong" else ["Consumer"]
 
 
+def consumer_stages(schedule, scope_id):
+    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
+    buffers = {p.name: p.buffers for p in schedule.pipelines}
+    return {
+        buf: instr.stage
+        for scope in schedule.scopes if scope.id == scope_id
+        for _, body in scope.bodies
+        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
+        for buf in buffers.get(instr.pipeline, ())
+    }  # fmt: skip
+
+
 def check(problem, params, schedule):
+    """Refuses tiles that do not divide the problem or fit the SM, and schedules
+    that break the kernel's data flow (which the verifier does not track)."""
     S, D = problem["S"], problem["D"]
     bm, bn = params["block_M"], params["block_N"]
     pingpong = params["consumers"] == "pingpong"
@@ -64,6 +78,13 @@ def check(problem, params, schedule):
     if smem > SMEM_LIMIT:
         return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
     if schedule is not None:
+        stages = consumer_stages(schedule, "loop_k")
+        for p in range(len(_consumer_roles(params))):
+            if any({f"K_{p}", f"V_{p}"} <= set(pipe.buffers) for pipe in schedule.pipelines):
+                return f"K_{p} and V_{p} share a pipeline: the P V product of a block would wait for the next K"
+            # S of block k, then P V of block k-1: the seed's order is right only so.
+            if f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
+                return f"V_{p} must be consumed one stage after K_{p} (P V of the previous block)"
         consumers = [r for r in schedule.roles if r.name in _consumer_roles(params)]
         if len(consumers) != len(_consumer_roles(params)):
             return "the schedule lacks the kernel's consumer roles"
@@ -293,7 +314,7 @@ def reference(problem, args):
 
     q, k, v = (_bhsd(t).float() for t in args[:3])
     out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(problem["causal"]))
-    return [_bhsd(out).to(args[0].dtype)]
+    return [_bhsd(out)]
 
 
 def vendors(problem):

@@ -44,6 +44,8 @@ PERSISTENT_BLOCKS = 132
 
 
 def check(problem, params, schedule):
+    """Refuses tiles that do not divide the problem or split over the consumer
+    warps, and async schedules that break the token protocol."""
     for dim in ("M", "N", "K"):
         block = params[f"block_{dim}"]
         if problem[dim] % block:
@@ -55,7 +57,31 @@ def check(problem, params, schedule):
         bm, bn = params["block_M"], params["block_N"]
         if not any(warps % m == 0 and bm % (16 * m) == 0 and bn % (8 * (warps // m)) == 0 for m in range(4, warps + 1, 4)):
             return f"a {bm}x{bn} tile cannot be split over {warps} consumer warps"
+        if params.get("mma") == "async":
+            return _token_reason(schedule)
     return None
+
+
+def _token_reason(schedule):
+    """The async protocol: the token in a pipeline of its own, waited for one stage after A and B."""
+    if any("token" in p.buffers and len(p.buffers) > 1 for p in schedule.pipelines):
+        return "mma=async needs the token in a pipeline of its own"
+    stages = consumer_stages(schedule, "loop_k")
+    if {stages.get("A_shared"), stages.get("B_shared")} != {stages.get("token", 0) - 1}:
+        return "mma=async: the consumer must free the token one stage after A and B (it retires the wgmma that reads them)"
+    return None
+
+
+def consumer_stages(schedule, scope_id):
+    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
+    buffers = {p.name: p.buffers for p in schedule.pipelines}
+    return {
+        buf: instr.stage
+        for scope in schedule.scopes if scope.id == scope_id
+        for _, body in scope.bodies
+        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
+        for buf in buffers.get(instr.pipeline, ())
+    }  # fmt: skip
 
 
 def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", stages=SEED_STAGES, consumer_warps=8):
