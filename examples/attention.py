@@ -6,18 +6,27 @@ producer warp loads a block_M-row tile of Q once, then K and V block by
 block through two pipelines; the consumers compute S = Q K^T, the online
 softmax, and O += P V, and write O through shared memory with a TMA store.
 
+The source is the plain program (what tilelang's own lowerings build); the
+seed schedule reorders it as FlashAttention-3 does: S of block k, then the
+P V product of block k-1 (V consumed one stage behind K), then the softmax
+of block k, then the rescale of O.
+
 Kernel-side variants (PARAMS):
 - ``mma``: "sync" is T.gemm (on Hopper a wgmma and its wait<0>); "async" is
-  T.wgmma_gemm with separate T.wait_wgmma ops, as in FlashAttention-3: the
-  P V product of block k-1 runs under the Q K^T of block k and its softmax.
-  V is consumed one stage behind K, so that its pipeline is released only
-  after the wgmma that reads it has been waited for.
+  T.wgmma_gemm with separate T.wait_wgmma ops, so that the P V product of
+  block k-1 runs under the softmax of block k; V's stage is released only
+  after the wait that retires the wgmma reading it. (Only the seed's order
+  makes the async waits right: the plain program is not a fair input to
+  tilelang's own lowerings in this form.)
 - ``consumers``: "cooperative" is one consumer role of block_M / 64
   warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
   warpgroup, each with its own block_M / 2 rows, its own Q/K/V buffers and
   pipelines (two roles cannot share a pipeline), taking turns at the tensor
   cores through two named barriers so that the softmax of one overlaps the
   MMAs of the other, as FlashAttention-3's warp scheduler barriers do.
+
+check() also refuses schedules that break this data flow, which
+MaterializeWSSchedule's verifier does not track.
 
     ws-tune examples/attention.py --shape B=4,H=16,S=4096,D=128,causal=0
 """
@@ -39,8 +48,10 @@ OUTPUTS = [3]
 TOLERANCE = 1e-2
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
 SMEM_LIMIT = 227 * 1024
-# Named barriers of the ping-pong turns; tilelang's own lowering uses the low ids.
+# Named barriers of the ping-pong turns (tilelang's own lowering uses the low
+# ids), each shared by the two consumer warpgroups.
 TURN_BARRIERS = (14, 15)
+TURN_THREADS = 256
 LOG2E = 1.4426950408889634
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the fragments (indices, descriptors, row state)
 
@@ -89,9 +100,11 @@ def check(problem, params, schedule):
         if len(consumers) != len(_consumer_roles(params)):
             return "the schedule lacks the kernel's consumer roles"
         for role in consumers:
-            # FullRow: 16 rows per warp, whole warpgroups, no row split across warps.
-            if role.warps % 4 or rows % (16 * role.warps) or rows // role.warps % 16:
+            # FullRow: whole warpgroups, 16 rows (or a multiple) per warp.
+            if role.warps % 4 or rows % (16 * role.warps):
                 return f"{rows} rows cannot be split over {role.warps} warps of role {role.name}"
+            if pingpong and role.warps != 4:
+                return f"a ping-pong turn is one warpgroup per consumer (named barriers of {TURN_THREADS} threads); {role.name} has {role.warps} warps"
             # Registers per thread: the fp32 O and S accumulators and P (fp16), plus
             # addresses and softmax state; past the budget they spill (several times slower).
             need = (rows * D + rows * bn + rows * bn // 2) // (32 * role.warps) + REGISTER_OVERHEAD
@@ -211,15 +224,15 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], part.V, annotations={T.WSID: f"load_v{p}"})
         if pingpong:
             with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
-                T.sync_threads(TURN_BARRIERS[p], 256)
+                T.sync_threads(TURN_BARRIERS[p], TURN_THREADS)
         gemm(part.Q, part.K, part.S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
         if pingpong:
             with T.ws_op(f"pass{p}"):  # hand the turn over
                 if p == 0:
-                    T.named_barrier_arrive(TURN_BARRIERS[1], 256)
+                    T.named_barrier_arrive(TURN_BARRIERS[1], TURN_THREADS)
                 else:  # consumer 0 took the first turn: none is left over at the end
                     if k < loop_extent(bx) - 1:
-                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+                        T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
         if asynchronous:
             # S of this block is done; the P V product issued after it may still run.
             with T.ws_op(f"wait_s{p}"):
@@ -284,7 +297,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             if pingpong:
                 prologue(Q, parts[1], bx, by, bz)
                 with T.ws_op("start1"):
-                    T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+                    T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
             for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
                 step(K, V, parts[0], k, bx, by, bz)
                 if pingpong:

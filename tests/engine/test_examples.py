@@ -19,7 +19,7 @@ from ws_tuner.builder import BuildInput, LocalBuilder
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import load_kernel
 from ws_tuner.result import Status
-from ws_tuner.schedule import Pipeline, Scope, Sync
+from ws_tuner.schedule import Pipeline, Role, Scope, Sync
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,10 +151,14 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert "pipeline of its own" in gemm.check(GEMM_PROBLEM, params, one)
 
 
-def test_registers_past_the_budget_are_refused(attention):
+def test_role_splits_that_cannot_work_are_refused(attention):
     seed = Task.make(attention, ATTN_PROBLEM).point_info(ATTN_PARAMS).seed
-    one_group = seed.with_(roles=tuple(r.__class__(r.name, r.warp_lo, 4, r.max_nreg) if r.name == "Consumer" else r for r in seed.roles))
+    one_group = seed.with_(roles=tuple(Role(r.name, r.warp_lo, 4, r.max_nreg) if r.name == "Consumer" else r for r in seed.roles))
     assert "registers" in attention.check(ATTN_PROBLEM, ATTN_PARAMS, one_group)
+    # Ping-pong turns are named barriers sized for one warpgroup per consumer.
+    wide = {**ATTN_PARAMS, "consumers": "pingpong", "block_M": 256, "block_N": 64, "stages": 1, "D": 64}
+    roles = (Role("Consumer0", 0, 8, 240), Role("Consumer1", 8, 16, 240), Role("Producer", 16, 17, 24))
+    assert "one warpgroup per consumer" in attention.check({**ATTN_PROBLEM, "D": 64}, wide, seed.with_(num_warps=20, roles=roles))
 
 
 # --- the contract's other functions -----------------------------------------
