@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ws_tuner.builder import BuildInput, LocalBuilder
 from ws_tuner.candidate import Candidate, Lowering
@@ -74,14 +74,14 @@ class Row:
 # --- what to build ----------------------------------------------------------
 
 
-def variant_params(kernel: str, spec: KernelSpec, problem: dict[str, Any]) -> list[dict[str, Any]]:
+def variant_params(kernel: str, allowed: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     """One point per kernel-side variant: the first block sizes check() allows."""
     out = []
     if kernel == "attention":
-        for mma, consumers in itertools.product(("sync", "async"), ("cooperative", "pingpong")):
+        for mma, consumers, block_M in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128, 192)):
             for block_N, stages in ((128, 2), (128, 1), (64, 2)):
-                params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers}
-                if spec.check(problem, params, None) is None:
+                params = {"block_M": block_M, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers}
+                if allowed(params):
                     out.append(params)
                     break
     else:
@@ -90,11 +90,10 @@ def variant_params(kernel: str, spec: KernelSpec, problem: dict[str, Any]) -> li
     return out
 
 
-def sweep_params(spec: KernelSpec, problem: dict[str, Any], pin: str | None) -> list[dict[str, Any]]:
+def sweep_params(spec: KernelSpec, pin: str | None, allowed: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     grid = spec.parse_params(pin)
     keys = sorted(grid)
-    points = (dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys)))
-    return [p for p in points if spec.check(problem, p, None) is None]
+    return [p for p in (dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))) if allowed(p)]
 
 
 def label(params: dict[str, Any]) -> str:
@@ -109,16 +108,14 @@ def plan(kernels: list[str], sweep: bool, pin: str | None = None) -> tuple[list[
         spec = specs[kernel] = load_kernel(KERNELS[kernel])
         for problem in PROBLEMS[kernel]:
             task = Task.make(spec, problem)
-            points = sweep_params(spec, problem, pin) if sweep else variant_params(kernel, spec, problem)
+
+            def allowed(params: dict[str, Any]) -> bool:
+                return spec.check(problem, params, None) is None and spec.check(problem, params, task.point_info(params).seed) is None
+
+            points = sweep_params(spec, pin, allowed) if sweep else variant_params(kernel, allowed)
             for params in points:
-                seed = task.point_info(params).seed
-                reason = spec.check(problem, params, seed)
-                row = Row(kernel, problem, label(params), "variant", params)
-                if reason:
-                    row.status, row.message = "refused", reason
-                else:
-                    row.candidate = Candidate.make(params, seed).to_json()
-                rows.append(row)
+                candidate = Candidate.make(params, task.point_info(params).seed)
+                rows.append(Row(kernel, problem, label(params), "variant", params, candidate=candidate.to_json()))
             if not sweep:  # tilelang's own lowerings of the plain (sync, cooperative, one tile per block) kernel
                 plain = points[0]
                 for lowering in (Lowering.DEFAULT, Lowering.ROLE_BASED):

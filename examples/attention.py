@@ -38,7 +38,7 @@ import tilelang.language as T
 PROBLEM = {"B": None, "H": None, "S": None, "D": 128, "dtype": "float16", "causal": 0}
 CHOICES = {"D": [64, 128], "dtype": ["float16", "bfloat16"], "causal": [0, 1]}
 PARAMS = {
-    "block_M": [64, 128],  # query rows per block (all consumers together)
+    "block_M": [64, 128, 192],  # query rows per block (all consumers together)
     "block_N": [64, 128],  # key rows per step of the K/V loop
     "stages": [1, 2],  # K/V buffer versions of the seed (and of tilelang's own lowerings)
     "mma": ["sync", "async"],
@@ -78,8 +78,6 @@ def check(problem, params, schedule):
     S, D = problem["S"], problem["D"]
     bm, bn = params["block_M"], params["block_N"]
     pingpong = params["consumers"] == "pingpong"
-    if S % bm or S % bn:
-        return f"S={S} is not a multiple of block_M={bm} and block_N={bn}"
     rows = bm // 2 if pingpong else bm  # rows of one consumer role
     if rows % ROWS_PER_WARPGROUP:
         return f"a consumer role's {rows} rows are not whole warpgroup MMAs of {ROWS_PER_WARPGROUP}"
@@ -136,8 +134,11 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
     consumer_warps = block_M // 16
     scale = LOG2E / math.sqrt(D)
     shape = (B, S, H, D)
-    m_blocks = S // block_M
-    n_blocks = S // block_N
+    # Tails: TMA zero-fills the rows a load reads past S and drops those a store
+    # writes there; keys past S are masked (causal masks them anyway).
+    m_blocks = -(-S // block_M)
+    n_blocks = -(-S // block_N)
+    key_tail = S % block_N and not causal
     roles = _consumer_roles({"consumers": consumers})
     gemm = T.wgmma_gemm if asynchronous else T.gemm
 
@@ -149,7 +150,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
 
     def loop_extent(bx):
         # Causal: key blocks up to the block's last row.
-        return T.ceildiv(block_row(bx, 0) + block_M, block_N) if causal else n_blocks
+        return T.min(T.ceildiv(block_row(bx, 0) + block_M, block_N), n_blocks) if causal else n_blocks
 
     def schedule(parts):
         """The seed: a TMA producer warp after the consumer warpgroups; Q once, K and V per step."""
@@ -161,7 +162,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             # FlashAttention-3's order: S of block k, then P V of block k-1 (V one
             # stage behind), so the softmax of block k overlaps that product.
             turn, give = ([f"turn{p}"], [f"pass{p}"]) if pingpong else ([], [])
-            mask = [f"mask{p}"] if causal else []
+            mask = [f"mask{p}"] if causal or key_tail else []
             if asynchronous:
                 loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", W(f"v{p}", 1), f"pv{p}"] + give + [
                     f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]  # fmt: skip
@@ -176,7 +177,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         loop_bodies["Producer"] = producer_loop
         root_bodies["Producer"] = producer_root + ["loop_k"]
         warps = consumer_warps // len(roles)
-        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=240) for p, role in enumerate(roles)]
+        nreg = 240 if consumer_warps <= 8 else 160  # the 64K-register pool, shared with the producer's warpgroup
+        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=nreg) for p, role in enumerate(roles)]
         ws_roles.append(T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=24))
         pipelines = []
         for part in parts:
@@ -245,6 +247,11 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
                 if (k + 1) * block_N > block_row(bx, p):  # only blocks that reach past the diagonal
                     for i, j in T.Parallel(rows, block_N):
                         part.S[i, j] = T.if_then_else(block_row(bx, p) + i >= k * block_N + j, part.S[i, j], -T.infinity(accum))
+        elif key_tail:
+            with T.ws_op(f"mask{p}"):
+                if k == n_blocks - 1:  # keys past S
+                    for i, j in T.Parallel(rows, block_N):
+                        part.S[i, j] = T.if_then_else(k * block_N + j < S, part.S[i, j], -T.infinity(accum))
         with T.ws_op(f"softmax{p}"):
             T.copy(part.m, part.m_prev)
             T.reduce_max(part.S, part.m, dim=1, clear=False)
