@@ -108,13 +108,20 @@ def plan(kernels: list[str], sweep: bool, pin: str | None = None) -> tuple[list[
         spec = specs[kernel] = load_kernel(KERNELS[kernel])
         for problem in PROBLEMS[kernel]:
             task = Task.make(spec, problem)
+            seeds: dict[str, Any] = {}
+
+            def seed(params: dict[str, Any]) -> Any:
+                key = label(params)
+                if key not in seeds:
+                    seeds[key] = task.point_info(params).seed
+                return seeds[key]
 
             def allowed(params: dict[str, Any]) -> bool:
-                return spec.check(problem, params, None) is None and spec.check(problem, params, task.point_info(params).seed) is None
+                return spec.check(problem, params, None) is None and spec.check(problem, params, seed(params)) is None
 
             points = sweep_params(spec, pin, allowed) if sweep else variant_params(kernel, allowed)
             for params in points:
-                candidate = Candidate.make(params, task.point_info(params).seed)
+                candidate = Candidate.make(params, seed(params))
                 rows.append(Row(kernel, problem, label(params), "variant", params, candidate=candidate.to_json()))
             if not sweep:  # tilelang's own lowerings of the plain (sync, cooperative, one tile per block) kernel
                 plain = points[0]

@@ -290,3 +290,30 @@ def test_compile_only_tuning_measures_the_attention_seed(tmp_path, fresh_cache):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "built" in proc.stdout
+
+
+def test_examples_check_plans_each_variant_and_its_baselines(monkeypatch):
+    """benchmarks/examples_check.py (the GPU script): what it will build and time."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("examples_check", ROOT / "benchmarks" / "examples_check.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "examples_check", script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    rows, _ = script.plan(["attention", "gemm"], sweep=False)
+    by_problem = {}
+    for row in rows:
+        by_problem.setdefault((row.kernel, row.key()[1]), []).append(row)
+    assert len(by_problem) == len(script.PROBLEMS["attention"]) + len(script.PROBLEMS["gemm"])
+    for (kernel, _), group in by_problem.items():
+        variants = [r for r in group if r.kind == "variant"]
+        assert all(r.candidate and r.candidate["lowering"] == "ws" for r in variants)
+        assert [r.params.get("mma", "sync") for r in group if r.kind == "tilelang"] == ["sync", "sync"]
+        if kernel == "attention":
+            assert {(r.params["mma"], r.params["consumers"], r.params["block_M"]) for r in variants} == set(
+                itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128,))) | {("sync", "cooperative", 192), ("async", "cooperative", 192)}
+            assert [r.label for r in group if r.kind == "vendor"] == ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
+        else:
+            assert {(r.params["mma"], r.params["persistent"]) for r in variants} == set(itertools.product(("sync", "async"), (False, True)))
+            assert [r.label for r in group if r.kind == "vendor"] == ["cublas"]
