@@ -93,7 +93,8 @@ class Task:
         return PointInfo(
             seed=seed,
             shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
-            op_buffers=compiler.op_buffers(prepared),
+            accesses=compiler.op_accesses(prepared),
+            buffer_kinds=compiler.buffer_kinds(prepared),
         )
 
     @functools.cached_property
@@ -155,7 +156,7 @@ def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None,
             continue
         if not isinstance(shape, str):
             for split in space.splits(shape):
-                space._split_reason(point, shape, split)
+                space.split_reason(point, shape, split)
     return dataclasses.replace(task, spec=dataclasses.replace(spec, module=None), recorded=Recorded(infos, checks))
 
 
