@@ -166,13 +166,13 @@ class Seed:
         for p in self.schedule.pipelines:
             scope, producer, consumer = where[p.name]
             if scope == ROOT_SCOPE:
-                frozen[p.name] = f"pipeline {p.name!r} synchronizes the root scope (it runs once): kept as in the seed"
+                frozen[p.name] = f"pipeline {p.name!r} synchronizes the root scope (it runs once)"
             elif not any(set(p.buffers) & a.touched for op, a in self.accesses.items() if op not in self.scopes):
-                frozen[p.name] = f"pipeline {p.name!r} protects no buffer an op touches (a token): kept as in the seed"
+                frozen[p.name] = f"pipeline {p.name!r} protects no buffer an op touches (a token)"
             elif any(len(owners[b]) > 1 for b in p.buffers):
-                frozen[p.name] = f"pipeline {p.name!r} shares a buffer with a nested pipeline: kept as in the seed"
+                frozen[p.name] = f"pipeline {p.name!r} shares a buffer with a nested pipeline"
             elif producer is None or consumer is None or self._spans(scope, producer, p.name) != 1 or self._spans(scope, consumer, p.name) != 1:
-                frozen[p.name] = f"pipeline {p.name!r} has other than one span per iteration in its producer or consumer: kept as in the seed"
+                frozen[p.name] = f"pipeline {p.name!r} has other than one span per iteration in its producer or consumer"
         changed = True
         while changed:  # a body that holds a frozen pipeline's span is kept whole: freeze its other pipelines too
             changed = False
@@ -182,7 +182,7 @@ class Seed:
                 for role in (producer, consumer):
                     blocker = next((i.pipeline for i in self.body(scope, role or "") if isinstance(i, Sync) and i.pipeline in frozen), None)
                     if blocker is not None and p not in frozen:
-                        frozen[p] = f"pipeline {p!r} shares a loop body with {blocker!r}, which is kept: kept as in the seed"
+                        frozen[p] = f"pipeline {p!r} shares a loop body with {blocker!r}, which is kept"
                         changed = True
         self.frozen = frozenset(frozen)
         self.limits += [msg for msg in frozen.values() if "root scope" not in msg]
@@ -193,7 +193,7 @@ class Seed:
         self.channels = {key: tuple(ps) for key, ps in channels.items()}
         self._where = where
         if not self.channels:
-            self.limits.append("no pipeline synchronizes a loop: pipeline layout, depths and stages stay as in the seed")
+            self.limits.append("pipeline layout, depths and stages: no pipeline synchronizes a loop")
 
     def _find_movable(self) -> tuple[Movable, ...]:
         replicated = {op for s in self.schedule.scopes for _, body in s.bodies for op in body if isinstance(op, str) and op not in self.scopes and len(self._placements(op)) > 1}

@@ -186,7 +186,7 @@ class Tuner:
         for workload_id, key in self.store.find_workloads(kernel=self.key.kernel, source_hash=self.key.source_hash, device=self.key.device):
             if workload_id == self.workload_id:
                 continue
-            distance = _problem_distance(self.task.problem, json.loads(key.problem))
+            distance = self.task.spec.problem_distance(self.task.problem, json.loads(key.problem))
             if distance is not None and (best is None or distance < best[0]):
                 top = self.store.top_k(workload_id=workload_id, k=k)
                 if top:
@@ -275,9 +275,3 @@ class Tuner:
             self.store.commit_trial(workload_id=self.workload_id, candidate=record.candidate, result=confirmed)
             record.result = confirmed
 
-
-def _problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float | None:
-    """Log-distance between problems that differ only in sizes; None if not comparable."""
-    if set(a) != set(b) or any(a[k] != b[k] for k in a if not isinstance(a[k], (int, float))):
-        return None
-    return sum(abs(math.log2(max(a[k], 1)) - math.log2(max(b[k], 1))) for k in a if isinstance(a[k], (int, float)))

@@ -101,17 +101,16 @@ def kernel(problem, *, block_N, mma):
             l_sum = T.alloc_fragment((BLOCK_M,), accum)
             T.annotate_ws_schedule(schedule(Q_shared, K_shared, V_shared))
 
-            T.copy(Q[bz, bx * BLOCK_M, by, 0], Q_shared, annotations={T.WSID: "load_q"})
+            T.copy(Q[bz, bx * BLOCK_M : (bx + 1) * BLOCK_M, by, :], Q_shared, annotations={T.WSID: "load_q"})
             with T.ws_op("init"):
                 T.fill(acc_o, 0)
                 T.fill(l_sum, 0)
                 T.fill(m_new, -T.infinity(accum))
             for k in T.Pipelined(blocks, num_stages=2, annotations={T.WSID: "loop_kv"}):
-                T.copy(K[bz, k * block_N, by, 0], K_shared, annotations={T.WSID: "load_k"})
-                T.copy(V[bz, k * block_N, by, 0], V_shared, annotations={T.WSID: "load_v"})
+                T.copy(K[bz, k * block_N : (k + 1) * block_N, by, :], K_shared, annotations={T.WSID: "load_k"})
+                T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], V_shared, annotations={T.WSID: "load_v"})
                 gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow,
                      annotations={T.WSID: "qk"})  # fmt: skip
-                gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: "pv"})
                 if mma == "async":
                     with T.ws_op("mma_wait"):
                         T.wait_wgmma(0)
@@ -131,13 +130,14 @@ def kernel(problem, *, block_N, mma):
                     for i, j in T.Parallel(BLOCK_M, D):
                         acc_o[i, j] *= rescale[i]
                     T.copy(acc_s, acc_p)
+                gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: "pv"})
             if mma == "async":
                 with T.ws_op("last_wait"):
                     T.wait_wgmma(0)
             with T.ws_op("normalize"):
                 for i, j in T.Parallel(BLOCK_M, D):
                     acc_o[i, j] /= l_sum[i]
-            T.copy(acc_o, O[bz, bx * BLOCK_M, by, 0], annotations={T.WSID: "store"})
+            T.copy(acc_o, O[bz, bx * BLOCK_M : (bx + 1) * BLOCK_M, by, :], annotations={T.WSID: "store"})
 
     return flash_fwd
 
