@@ -7,6 +7,17 @@ wgmma into a register accumulator and write C, directly from registers or
 through shared memory and a TMA store. Its hand-written WSSchedule is the
 seed that ws-tune varies; the contract is in ws_tuner/kernel.py.
 
+``mma="async"`` keeps one wgmma group in flight, as CUTLASS's
+warp-specialized kernels do: issue the wgmma of k-block k, wait until the
+one of k-1 is done, then free k-1's stage. A pipeline's wait and release
+share one stage, and an async wgmma still reads its stage after the release
+that follows its issue, so a second pipeline over a 4-byte token carries
+the late release: the producer refills a stage only once it holds that
+stage's token too, and the consumer frees the token one stage behind, after
+the wait that retires the wgmma. The plain program (what tilelang's own
+lowerings build from it) does not know this protocol: only the sync form is
+a fair input to them.
+
     ws-tune examples/gemm.py --shape M=4096,N=4096,K=4096
 """
 
@@ -21,6 +32,7 @@ PARAMS = {
     "swizzle": [0, 8],  # threadblock rasterization panel; 0 is row-major order
     "epilogue": ["direct", "smem"],  # C from registers, or staged in shared memory + TMA store
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
+    "mma": ["sync", "async"],  # T.gemm (wgmma + wait<0>), or one wgmma group kept in flight
 }
 OUTPUTS = [2]
 TOLERANCE = 1e-2
@@ -32,6 +44,8 @@ PERSISTENT_BLOCKS = 132
 
 
 def check(problem, params, schedule):
+    """Refuses tiles that do not divide the problem or split over the consumer
+    warps, and async schedules that break the token protocol."""
     for dim in ("M", "N", "K"):
         block = params[f"block_{dim}"]
         if problem[dim] % block:
@@ -43,10 +57,34 @@ def check(problem, params, schedule):
         bm, bn = params["block_M"], params["block_N"]
         if not any(warps % m == 0 and bm % (16 * m) == 0 and bn % (8 * (warps // m)) == 0 for m in range(4, warps + 1, 4)):
             return f"a {bm}x{bn} tile cannot be split over {warps} consumer warps"
+        if params.get("mma") == "async":
+            return _token_reason(schedule)
     return None
 
 
-def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, stages=SEED_STAGES, consumer_warps=8):
+def _token_reason(schedule):
+    """The async protocol: the token in a pipeline of its own, waited for one stage after A and B."""
+    if any("token" in p.buffers and len(p.buffers) > 1 for p in schedule.pipelines):
+        return "mma=async needs the token in a pipeline of its own"
+    stages = consumer_stages(schedule, "loop_k")
+    if {stages.get("A_shared"), stages.get("B_shared")} != {stages.get("token", 0) - 1}:
+        return "mma=async: the consumer must free the token one stage after A and B (it retires the wgmma that reads them)"
+    return None
+
+
+def consumer_stages(schedule, scope_id):
+    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
+    buffers = {p.name: p.buffers for p in schedule.pipelines}
+    return {
+        buf: instr.stage
+        for scope in schedule.scopes if scope.id == scope_id
+        for _, body in scope.bodies
+        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
+        for buf in buffers.get(instr.pipeline, ())
+    }  # fmt: skip
+
+
+def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", stages=SEED_STAGES, consumer_warps=8):
     M, N, K = problem["M"], problem["N"], problem["K"]
     dtype, accum = problem["dtype"], "float32"
     b_col = problem["b_layout"] == "col"
@@ -54,16 +92,27 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     b_tile = (block_N, block_K) if b_col else (block_K, block_N)
     smem_epilogue = epilogue == "smem"
     k_blocks = T.ceildiv(K, block_K)
+    asynchronous = mma == "async"
 
-    def schedule(A_shared, B_shared):
-        """The seed: one TMA producer warp after the consumer warpgroups, one pipeline."""
-        loop_k = T.WSScope(
-            "loop_k",
-            {
-                "Consumer": [T.WSSync.consumer_wait("smem", stage=0), "mma", T.WSSync.consumer_release("smem", stage=0)],
-                "Producer": [T.WSSync.producer_acquire("smem", stage=0), "load_A", "load_B", T.WSSync.producer_commit("smem", stage=0)],
-            },
-        )
+    def schedule(A_shared, B_shared, token):
+        """The seed: one TMA producer warp after the consumer warpgroups, one pipeline.
+
+        Async: the consumer releases "smem" as soon as the wgmma is issued, but
+        the producer may refill a stage only once it also holds the "token"
+        of that stage, which the consumer releases one stage late, after the
+        wait that retires the wgmma reading it (CUTLASS's order).
+        """
+        W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
+        A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
+        if asynchronous:
+            consumer = [W("smem", 0), "mma", R("smem", 0), W("token", 1), "retire", R("token", 1)]
+            producer = [A("token", 0), "token", C("token", 0), A("smem", 0), "load_A", "load_B", C("smem", 0)]
+            pipelines = [T.WSPipeline("smem", [A_shared, B_shared], depth=stages), T.WSPipeline("token", [token], depth=stages)]
+        else:
+            consumer = [W("smem", 0), "mma", R("smem", 0)]
+            producer = [A("smem", 0), "load_A", "load_B", C("smem", 0)]
+            pipelines = [T.WSPipeline("smem", [A_shared, B_shared], depth=stages)]
+        loop_k = T.WSScope("loop_k", {"Consumer": consumer, "Producer": producer})
         if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
             scopes = [
                 loop_k,
@@ -78,11 +127,11 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=232),
                 T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=40),
             ],
-            pipelines=[T.WSPipeline("smem", [A_shared, B_shared], depth=stages)],
+            pipelines=pipelines,
             scopes=scopes,
         )
 
-    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, bm, bn):
+    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn):
         """One output tile: the pipelined K loop, then the epilogue."""
         with T.ws_op("clear"):
             T.clear(C_local)
@@ -92,7 +141,21 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 T.copy(B[bn * block_N, k * block_K], B_shared, annotations={T.WSID: "load_B"})
             else:
                 T.copy(B[k * block_K, bn * block_N], B_shared, annotations={T.WSID: "load_B"})
-            T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+            if asynchronous:
+                with T.ws_op("token"):
+                    token[0] = k
+                T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+                # Retires the wgmma of k-block k. It reads the token (which holds k), so
+                # the schedule runs it at the token's stage: after the next wgmma has
+                # been issued. The last k-block has no next one: it waits for all.
+                with T.ws_op("retire"):
+                    T.evaluate(token[0])
+                    if k < k_blocks - 1:
+                        T.wait_wgmma(1)
+                    if k == k_blocks - 1:
+                        T.wait_wgmma(0)
+            else:
+                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
         with T.ws_op("store"):
             if smem_epilogue:
                 T.copy(C_local, C_shared)
@@ -109,9 +172,10 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             B_shared = T.alloc_shared(b_tile, dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum)
             C_shared = T.alloc_shared((block_M, block_N), dtype)
+            token = T.alloc_shared((1,), "int32") if asynchronous else None
             T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
-            T.annotate_ws_schedule(schedule(A_shared, B_shared))
-            tile(A, B, C, A_shared, B_shared, C_local, C_shared, by, bx)
+            T.annotate_ws_schedule(schedule(A_shared, B_shared, token))
+            tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, by, bx)
 
     @T.prim_func
     def gemm_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
@@ -120,11 +184,12 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             B_shared = T.alloc_shared(b_tile, dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum)
             C_shared = T.alloc_shared((block_M, block_N), dtype)
+            token = T.alloc_shared((1,), "int32") if asynchronous else None
             tiles = T.PersistentTileScheduler(
                 T.ceildiv(M, block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
                 swizzle_size=max(swizzle, 1), column_major=False, name="tiles",
             )  # fmt: skip
-            T.annotate_ws_schedule(schedule(A_shared, B_shared))
+            T.annotate_ws_schedule(schedule(A_shared, B_shared, token))
             with T.ws_op("first"):
                 tiles.init(block_id)
             with T.ws_op("loop_tiles"):
@@ -132,7 +197,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                     with T.ws_op("tile"):
                         bm = tiles.m_idx
                         bn = tiles.n_idx
-                    tile(A, B, C, A_shared, B_shared, C_local, C_shared, bm, bn)
+                    tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn)
                     with T.ws_op("next"):
                         tiles.next_tile()
 
@@ -157,3 +222,8 @@ def reference(problem, args):
 
 def flops(problem):
     return 2.0 * problem["M"] * problem["N"] * problem["K"]
+
+
+def vendors(problem):
+    """cuBLAS: torch.matmul, which is also the reference."""
+    return {"cublas": lambda args: reference(problem, args)}

@@ -30,6 +30,14 @@ A kernel file is a Python module that defines, at top level:
     prune before anything is built.
 ``TOLERANCE: float`` (optional, default 1e-2)
     Largest relative error ``|out - ref| / |ref|`` that counts as correct.
+``vendors(problem: dict) -> dict[str, Callable[[list], list]]`` (optional)
+    Vendor-library implementations of the same computation, timed as
+    baselines beside the kernel: name -> a function taking the kernel's
+    argument list (as ``inputs`` returns it) and returning the outputs as
+    ``reference`` does (e.g. ``{"cublas": ...}`` for a GEMM, one entry per
+    torch SDPA backend for attention). Each is checked against
+    ``reference`` like a candidate; one that raises (its backend cannot run
+    this problem or is missing) is recorded as failed with its message.
 """
 
 from __future__ import annotations

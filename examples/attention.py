@@ -1,0 +1,342 @@
+"""FlashAttention forward (Hopper), O = softmax(Q K^T / sqrt(D)) V, as a ws-tune kernel file.
+
+Q, K, V and O are B x S x H x D ("BSHD"), fp16 or bf16, D in {64, 128},
+optionally causal; softmax is online, in fp32 register fragments. One TMA
+producer warp loads a block_M-row tile of Q once, then K and V block by
+block through two pipelines; the consumers compute S = Q K^T, the online
+softmax, and O += P V, and write O through shared memory with a TMA store.
+
+Kernel-side variants (PARAMS):
+- ``mma``: "sync" is T.gemm (on Hopper a wgmma and its wait<0>); "async" is
+  T.wgmma_gemm with separate T.wait_wgmma ops, as in FlashAttention-3: the
+  P V product of block k-1 runs under the Q K^T of block k and its softmax.
+  V is consumed one stage behind K, so that its pipeline is released only
+  after the wgmma that reads it has been waited for.
+- ``consumers``: "cooperative" is one consumer role of block_M / 64
+  warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
+  warpgroup, each with its own block_M / 2 rows, its own Q/K/V buffers and
+  pipelines (two roles cannot share a pipeline), taking turns at the tensor
+  cores through two named barriers so that the softmax of one overlaps the
+  MMAs of the other, as FlashAttention-3's warp scheduler barriers do.
+
+    ws-tune examples/attention.py --shape B=4,H=16,S=4096,D=128,causal=0
+"""
+
+import math
+
+import tilelang.language as T
+
+PROBLEM = {"B": None, "H": None, "S": None, "D": 128, "dtype": "float16", "causal": 0}
+CHOICES = {"D": [64, 128], "dtype": ["float16", "bfloat16"], "causal": [0, 1]}
+PARAMS = {
+    "block_M": [64, 128],  # query rows per block (all consumers together)
+    "block_N": [64, 128],  # key rows per step of the K/V loop
+    "stages": [1, 2],  # K/V buffer versions of the seed (and of tilelang's own lowerings)
+    "mma": ["sync", "async"],
+    "consumers": ["cooperative", "pingpong"],
+}
+OUTPUTS = [3]
+TOLERANCE = 1e-2
+ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
+SMEM_LIMIT = 227 * 1024
+# Named barriers of the ping-pong turns; tilelang's own lowering uses the low ids.
+TURN_BARRIERS = (14, 15)
+LOG2E = 1.4426950408889634
+REGISTER_OVERHEAD = 32  # per consumer thread beyond the fragments (indices, descriptors, row state)
+
+
+def _consumer_roles(params):
+    return ["Consumer0", "Consumer1"] if params["consumers"] == "pingpong" else ["Consumer"]
+
+
+def consumer_stages(schedule, scope_id):
+    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
+    buffers = {p.name: p.buffers for p in schedule.pipelines}
+    return {
+        buf: instr.stage
+        for scope in schedule.scopes if scope.id == scope_id
+        for _, body in scope.bodies
+        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
+        for buf in buffers.get(instr.pipeline, ())
+    }  # fmt: skip
+
+
+def check(problem, params, schedule):
+    """Refuses tiles that do not divide the problem or fit the SM, and schedules
+    that break the kernel's data flow (which the verifier does not track)."""
+    S, D = problem["S"], problem["D"]
+    bm, bn = params["block_M"], params["block_N"]
+    pingpong = params["consumers"] == "pingpong"
+    if S % bm or S % bn:
+        return f"S={S} is not a multiple of block_M={bm} and block_N={bn}"
+    rows = bm // 2 if pingpong else bm  # rows of one consumer role
+    if rows % ROWS_PER_WARPGROUP:
+        return f"a consumer role's {rows} rows are not whole warpgroup MMAs of {ROWS_PER_WARPGROUP}"
+    itemsize = 2
+    copies = 2 if pingpong else 1  # ping-pong duplicates every buffer
+    smem = copies * itemsize * D * (rows + 2 * bn * params["stages"] + rows)  # Q, K, V, O
+    if smem > SMEM_LIMIT:
+        return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
+    if schedule is not None:
+        stages = consumer_stages(schedule, "loop_k")
+        for p in range(len(_consumer_roles(params))):
+            if any({f"K_{p}", f"V_{p}"} <= set(pipe.buffers) for pipe in schedule.pipelines):
+                return f"K_{p} and V_{p} share a pipeline: the P V product of a block would wait for the next K"
+            # S of block k, then P V of block k-1: the seed's order is right only so.
+            if f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
+                return f"V_{p} must be consumed one stage after K_{p} (P V of the previous block)"
+        consumers = [r for r in schedule.roles if r.name in _consumer_roles(params)]
+        if len(consumers) != len(_consumer_roles(params)):
+            return "the schedule lacks the kernel's consumer roles"
+        for role in consumers:
+            # FullRow: 16 rows per warp, whole warpgroups, no row split across warps.
+            if role.warps % 4 or rows % (16 * role.warps) or rows // role.warps % 16:
+                return f"{rows} rows cannot be split over {role.warps} warps of role {role.name}"
+            # Registers per thread: the fp32 O and S accumulators and P (fp16), plus
+            # addresses and softmax state; past the budget they spill (several times slower).
+            need = (rows * D + rows * bn + rows * bn // 2) // (32 * role.warps) + REGISTER_OVERHEAD
+            budget = role.max_nreg or min(255, 65536 // (32 * schedule.num_warps))
+            if need > budget:
+                return f"role {role.name} needs about {need} registers per thread, more than its {budget}"
+    return None
+
+
+class Part:
+    """The buffers of one consumer role. Read as attributes, they bind no new
+    names in the kernel; and the schedule refers to buffers by name."""
+
+    FIELDS = ("Q", "K", "V", "O", "S", "P", "acc", "m", "m_prev", "alpha", "row_sum", "l")
+
+    def __init__(self, index, *buffers):
+        self.index = index
+        for name, buf in zip(self.FIELDS, buffers, strict=True):
+            setattr(self, name, buf)
+
+
+def kernel(problem, *, block_M, block_N, stages, mma, consumers):
+    B, H, S, D = problem["B"], problem["H"], problem["S"], problem["D"]
+    dtype, accum = problem["dtype"], "float32"
+    causal = bool(problem["causal"])
+    asynchronous = mma == "async"
+    pingpong = consumers == "pingpong"
+    rows = block_M // 2 if pingpong else block_M  # query rows of one consumer role
+    consumer_warps = block_M // 16
+    scale = LOG2E / math.sqrt(D)
+    shape = (B, S, H, D)
+    m_blocks = S // block_M
+    n_blocks = S // block_N
+    roles = _consumer_roles({"consumers": consumers})
+    gemm = T.wgmma_gemm if asynchronous else T.gemm
+
+    # Index expressions are Python helpers, not bindings in the kernel: a
+    # binding would be a statement of its own, to be placed in every role.
+    def block_row(bx, p):
+        """First query row of consumer p; causal blocks launch the last rows (the most work) first."""
+        return ((m_blocks - 1 - bx) if causal else bx) * block_M + p * rows
+
+    def loop_extent(bx):
+        # Causal: key blocks up to the block's last row.
+        return T.ceildiv(block_row(bx, 0) + block_M, block_N) if causal else n_blocks
+
+    def schedule(parts):
+        """The seed: a TMA producer warp after the consumer warpgroups; Q once, K and V per step."""
+        W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
+        A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
+        loop_bodies, root_bodies = {}, {}
+        producer_loop, producer_root = [], []
+        for p, role in enumerate(roles):
+            # FlashAttention-3's order: S of block k, then P V of block k-1 (V one
+            # stage behind), so the softmax of block k overlaps that product.
+            turn, give = ([f"turn{p}"], [f"pass{p}"]) if pingpong else ([], [])
+            mask = [f"mask{p}"] if causal else []
+            if asynchronous:
+                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", W(f"v{p}", 1), f"pv{p}"] + give + [
+                    f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]  # fmt: skip
+            else:
+                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", R(f"k{p}", 0), W(f"v{p}", 1), f"pv{p}", R(f"v{p}", 1)] + give + mask + [
+                    f"softmax{p}", f"rescale{p}"]  # fmt: skip
+            start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
+            drain = [f"drain{p}"] if asynchronous else []
+            root_bodies[role] = [W(f"q{p}", 0), f"init{p}"] + start + ["loop_k"] + drain + [R(f"q{p}", 0), f"store{p}"]
+            producer_root += [A(f"q{p}", 0), f"load_q{p}", C(f"q{p}", 0)]
+            producer_loop += [A(f"k{p}", 0), f"load_k{p}", C(f"k{p}", 0), A(f"v{p}", 0), f"load_v{p}", C(f"v{p}", 0)]
+        loop_bodies["Producer"] = producer_loop
+        root_bodies["Producer"] = producer_root + ["loop_k"]
+        warps = consumer_warps // len(roles)
+        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=240) for p, role in enumerate(roles)]
+        ws_roles.append(T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=24))
+        pipelines = []
+        for part in parts:
+            p = part.index
+            pipelines += [T.WSPipeline(f"q{p}", [part.Q], depth=1), T.WSPipeline(f"k{p}", [part.K], depth=stages),
+                          T.WSPipeline(f"v{p}", [part.V], depth=stages)]  # fmt: skip
+        return T.WSSchedule(
+            num_warps=consumer_warps + 4,
+            roles=ws_roles,
+            pipelines=pipelines,
+            scopes=[T.WSScope("loop_k", loop_bodies), T.WSScope(T.WSScope.ROOT, root_bodies)],
+        )
+
+    def alloc():
+        return (
+            T.alloc_shared((rows, D), dtype),  # Q
+            T.alloc_shared((block_N, D), dtype),  # K
+            T.alloc_shared((block_N, D), dtype),  # V
+            T.alloc_shared((rows, D), dtype),  # O, staged for the TMA store
+            T.alloc_fragment((rows, block_N), accum),  # S
+            T.alloc_fragment((rows, block_N), dtype),  # P
+            T.alloc_fragment((rows, D), accum),  # O accumulator
+            T.alloc_fragment((rows,), accum),  # running max
+            T.alloc_fragment((rows,), accum),  # previous max
+            T.alloc_fragment((rows,), accum),  # rescale factor of O and l
+            T.alloc_fragment((rows,), accum),  # row sums of P
+            T.alloc_fragment((rows,), accum),  # running sum l
+        )
+
+    @T.macro
+    def prologue(Q, part, bx, by, bz):
+        p = part.index
+        T.copy(Q[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :], part.Q, annotations={T.WSID: f"load_q{p}"})
+        with T.ws_op(f"init{p}"):
+            T.fill(part.acc, 0)
+            T.fill(part.l, 0)
+            T.fill(part.m, -T.infinity(accum))
+
+    @T.macro
+    def step(K, V, part, k, bx, by, bz):
+        """One K/V block for one consumer, in the plain program's order (what
+        tilelang's own lowerings build); the schedule reorders it."""
+        p = part.index
+        T.copy(K[bz, k * block_N : (k + 1) * block_N, by, :], part.K, annotations={T.WSID: f"load_k{p}"})
+        T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], part.V, annotations={T.WSID: f"load_v{p}"})
+        if pingpong:
+            with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
+                T.sync_threads(TURN_BARRIERS[p], 256)
+        gemm(part.Q, part.K, part.S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
+        if pingpong:
+            with T.ws_op(f"pass{p}"):  # hand the turn over
+                if p == 0:
+                    T.named_barrier_arrive(TURN_BARRIERS[1], 256)
+                else:  # consumer 0 took the first turn: none is left over at the end
+                    if k < loop_extent(bx) - 1:
+                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+        if asynchronous:
+            # S of this block is done; the P V product issued after it may still run.
+            with T.ws_op(f"wait_s{p}"):
+                if k == 0:
+                    T.wait_wgmma(0)
+                if k > 0:
+                    T.wait_wgmma(1)
+        if causal:
+            with T.ws_op(f"mask{p}"):
+                if (k + 1) * block_N > block_row(bx, p):  # only blocks that reach past the diagonal
+                    for i, j in T.Parallel(rows, block_N):
+                        part.S[i, j] = T.if_then_else(block_row(bx, p) + i >= k * block_N + j, part.S[i, j], -T.infinity(accum))
+        with T.ws_op(f"softmax{p}"):
+            T.copy(part.m, part.m_prev)
+            T.reduce_max(part.S, part.m, dim=1, clear=False)
+            for i in T.Parallel(rows):
+                part.alpha[i] = T.exp2(part.m_prev[i] * scale - part.m[i] * scale)
+            for i, j in T.Parallel(rows, block_N):
+                part.S[i, j] = T.exp2(part.S[i, j] * scale - part.m[i] * scale)
+            T.reduce_sum(part.S, part.row_sum, dim=1)
+            for i in T.Parallel(rows):
+                part.l[i] = part.l[i] * part.alpha[i] + part.row_sum[i]
+        if asynchronous:
+            with T.ws_op(f"wait_o{p}"):
+                T.wait_wgmma(0)  # the P V product that reads P and accumulates O
+        with T.ws_op(f"rescale{p}"):
+            for i, j in T.Parallel(rows, D):
+                part.acc[i, j] *= part.alpha[i]
+            T.copy(part.S, part.P)
+        gemm(part.P, part.V, part.acc, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"pv{p}"})
+
+    @T.macro
+    def epilogue(Output, part, bx, by, bz):
+        p = part.index
+        if asynchronous:
+            # The last P V product. In the seed its V stage is released before
+            # this wait; harmless, as the producer loads nothing after it.
+            with T.ws_op(f"drain{p}"):
+                T.wait_wgmma(0)
+        with T.ws_op(f"store{p}"):
+            for i, j in T.Parallel(rows, D):
+                part.acc[i, j] /= part.l[i]
+            T.copy(part.acc, part.O)
+            T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
+
+    @T.prim_func
+    def attention(
+        Q: T.Tensor(shape, dtype),
+        K: T.Tensor(shape, dtype),
+        V: T.Tensor(shape, dtype),
+        Output: T.Tensor(shape, dtype),
+    ):
+        with T.Kernel(m_blocks, H, B, threads=consumer_warps * 32) as (bx, by, bz):
+            # Buffers take the names of the variables they are bound to: each consumer's their own.
+            Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0 = alloc()
+            parts = [Part(0, Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0)]
+            if pingpong:
+                Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
+                parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
+            T.annotate_ws_schedule(schedule(parts))
+            prologue(Q, parts[0], bx, by, bz)
+            if pingpong:
+                prologue(Q, parts[1], bx, by, bz)
+                with T.ws_op("start1"):
+                    T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+            for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
+                step(K, V, parts[0], k, bx, by, bz)
+                if pingpong:
+                    step(K, V, parts[1], k, bx, by, bz)
+            epilogue(Output, parts[0], bx, by, bz)
+            if pingpong:
+                epilogue(Output, parts[1], bx, by, bz)
+
+    return attention
+
+
+def _bhsd(t):
+    return t.transpose(1, 2)  # a view: SDPA takes B x H x S x D
+
+
+def inputs(problem, device):
+    import torch
+
+    dtype = getattr(torch, problem["dtype"])
+    shape = (problem["B"], problem["S"], problem["H"], problem["D"])
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    return [q, k, v, torch.empty(shape, device=device, dtype=dtype)]
+
+
+def reference(problem, args):
+    import torch.nn.functional as F
+
+    q, k, v = (_bhsd(t).float() for t in args[:3])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(problem["causal"]))
+    return [_bhsd(out)]
+
+
+def vendors(problem):
+    """torch SDPA, one entry per backend; a backend that cannot run this problem raises."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def backend(which):
+        def run(args):
+            q, k, v = (_bhsd(t) for t in args[:3])
+            with sdpa_kernel(which):
+                return [_bhsd(F.scaled_dot_product_attention(q, k, v, is_causal=bool(problem["causal"])))]
+
+        return run
+
+    return {
+        "sdpa_flash": backend(SDPBackend.FLASH_ATTENTION),
+        "sdpa_efficient": backend(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa_cudnn": backend(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def flops(problem):
+    full = 4.0 * problem["B"] * problem["H"] * problem["S"] * problem["S"] * problem["D"]
+    return full / 2 if problem["causal"] else full
