@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from .schedule import CONSUMER_SYNCS, PRODUCER_SYNCS, ROOT_SCOPE, Instr, OpAccess, Pipeline, Role, Schedule, Scope, Sync
@@ -62,13 +62,32 @@ class Group:
     role: str
     pipelines: tuple[str, ...]
     base: int  # the seed body's lowest stage: stage offsets count from it
-
-    @property
-    def name(self) -> str:
-        return f"stage.{self.role}.{'+'.join(self.pipelines)}"
+    fixed: int | None = None  # its stage, where it may not move
 
 
 @dataclass(frozen=True)
+class StageChoice:
+    """A loop body whose span groups can sit at several stages: the stage tuples
+    (one per group) that keep the seed's dependences, the seed's own among them."""
+
+    groups: tuple[Group, ...]
+    options: tuple[tuple[int, ...], ...]
+
+    def label(self, option: tuple[int, ...]) -> str:
+        return ",".join(str(stage - g.base) for g, stage in zip(self.groups, option))
+
+    @property
+    def name(self) -> str:
+        """Names the choices too where the seed allows only some of them, so that
+        one name never offers two lists (samplers keep one list per name)."""
+        g = self.groups[0]
+        base = f"stage.{g.role}.{'/'.join('+'.join(x.pipelines) for x in self.groups)}"
+        return base if self.complete else f"{base}[{' '.join(self.label(o) for o in self.options)}]"
+
+    complete: bool = True  # every offset combination keeps the dependences
+
+
+@dataclass(frozen=True, eq=False)  # one object per (layout, moved) of a seed: hashed by identity, cheaply
 class Plan:
     """The structure of a variant: pipelines and the bodies that change, without the numbers."""
 
@@ -76,11 +95,21 @@ class Plan:
     moved: tuple[str, ...]
     pipelines: tuple[Pipeline, ...]  # every pipeline, in order, at the seed's depth (1 for new ones)
     varied: tuple[str, ...]  # pipelines whose depth is a decision
-    groups: tuple[Group, ...]  # span groups whose stage is a decision
+    tied: tuple[tuple[str, str], ...]  # pipeline -> the varied one whose depth it shares
+    groups: tuple[Group, ...]  # span groups whose stage is a decision, body after body
+    stage_choices: tuple[StageChoice, ...]  # the bodies those groups belong to
     roles: tuple[str, ...]  # the seed's roles, then the moved ops' roles
     pipe_of: tuple[tuple[str, str], ...]  # buffer -> pipeline, for the varied and new pipelines
     producer: tuple[tuple[str, str], ...]  # varied or new pipeline -> its producer role
     body_groups: tuple[tuple[BodyKey, tuple[Group, ...]], ...]  # the rebuilt bodies and their span groups
+    infeasible: str | None = None  # why no stage choice of some body keeps the seed's dependences
+
+    def depth_of(self, depths: Sequence[int]) -> dict[str, int]:
+        """Every pipeline's depth at these decisions."""
+        out = {p.name: p.depth for p in self.pipelines}
+        out.update(zip(self.varied, depths))
+        out.update({follower: out[leader] for follower, leader in self.tied})
+        return out
 
 
 @dataclass(frozen=True)
@@ -97,8 +126,9 @@ class _Item:
 class Seed:
     """A seed schedule and the kernel's op accesses, analysed once."""
 
-    def __init__(self, schedule: Schedule, accesses: dict[str, OpAccess], buffer_kinds: dict[str, str]):
+    def __init__(self, schedule: Schedule, accesses: dict[str, OpAccess], buffer_kinds: dict[str, str], max_stage_offset: int = 2):
         self.schedule = schedule
+        self.max_stage_offset = max_stage_offset
         self.accesses = accesses
         self.kinds = buffer_kinds
         self.limits: list[str] = []
@@ -173,6 +203,18 @@ class Seed:
                 frozen[p.name] = f"pipeline {p.name!r} shares a buffer with a nested pipeline"
             elif producer is None or consumer is None or self._spans(scope, producer, p.name) != 1 or self._spans(scope, consumer, p.name) != 1:
                 frozen[p.name] = f"pipeline {p.name!r} has other than one span per iteration in its producer or consumer"
+        self.guarded: dict[tuple[str, str | None, str | None], str] = {}
+        for key, pipes in self._group_channels(where, frozen).items():
+            early = self._early_release(key, pipes)
+            if early is None:
+                continue
+            if len({p.depth for p in pipes}) > 1:
+                for p in pipes:
+                    frozen[p.name] = f"pipeline {p.name!r} belongs to a channel guarded against an early release, at unequal depths"
+            else:
+                self.guarded[key] = early
+                self.limits.append(f"pipeline {early!r} is released before the async MMA that reads it is retired: the producer keeps "
+                                   f"the seed's stages and {', '.join(repr(p.name) for p in pipes)} share one depth")  # fmt: skip
         changed = True
         while changed:  # a body that holds a frozen pipeline's span is kept whole: freeze its other pipelines too
             changed = False
@@ -186,14 +228,41 @@ class Seed:
                         changed = True
         self.frozen = frozenset(frozen)
         self.limits += [msg for msg in frozen.values() if "root scope" not in msg]
+        self.channels = self._group_channels(where, frozen)
+        self.guarded = {key: p for key, p in self.guarded.items() if key in self.channels}
+        self._where = where
+        if not self.channels:
+            self.limits.append("pipeline layout, depths and stages: no pipeline synchronizes a loop")
+
+    def _group_channels(self, where: dict[str, tuple[str, str | None, str | None]], frozen: dict[str, str]) -> dict[tuple[str, str | None, str | None], tuple[Pipeline, ...]]:
         channels: dict[tuple[str, str | None, str | None], list[Pipeline]] = {}
         for p in self.schedule.pipelines:
             if p.name not in frozen:
                 channels.setdefault(where[p.name], []).append(p)
-        self.channels = {key: tuple(ps) for key, ps in channels.items()}
-        self._where = where
-        if not self.channels:
-            self.limits.append("pipeline layout, depths and stages: no pipeline synchronizes a loop")
+        return {key: tuple(ps) for key, ps in channels.items()}
+
+    def _early_release(self, key: tuple[str, str | None, str | None], pipes: tuple[Pipeline, ...]) -> str | None:
+        """A pipeline the consumer releases after issuing an async MMA that reads
+        its buffers but before any wait: some other pipeline of the channel (a
+        token released after the wait) must be what keeps the producer off its slots."""
+        scope, _, consumer = key
+        body = self.body(scope, consumer or "")
+        delta = self._deltas(consumer or "", body, self._seed_pipe_of)
+        at = [(delta[q], q) for q in range(len(body))]  # when each entry runs, for one iteration
+        issues = {q: self._access(e).reads for q, e in enumerate(body) if isinstance(e, str) and self._access(e).issues_async}
+        retires = [at[q] for q, e in enumerate(body) if isinstance(e, str) and self._access(e).retires_async]
+        for pos, i in enumerate(body):
+            if isinstance(i, Sync) and i.kind == CONSUMER_SYNCS[1] and i.pipeline in {p.name for p in pipes}:
+                for q, reads in issues.items():
+                    if set(self._pipelines[i.pipeline].buffers) & reads and at[q] < at[pos] and not any(at[q] < r < at[pos] for r in self._next_after(at[q], retires)):
+                        return i.pipeline
+        return None
+
+    @staticmethod
+    def _next_after(event: tuple[int, int], entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Each entry's first run after ``event``, as (step, position), whatever its iteration."""
+        step, pos = event
+        return [(step + (0 if p > pos else 1), p) for _, p in entries]
 
     def _find_movable(self) -> tuple[Movable, ...]:
         replicated = {op for s in self.schedule.scopes for _, body in s.bodies for op in body if isinstance(op, str) and op not in self.scopes and len(self._placements(op)) > 1}
@@ -293,16 +362,20 @@ class Seed:
                 out[label] = flat[label]
         if flat[SEED] not in out.values():
             out = {SEED: flat[SEED], **out}
+        # Every label names some layout of every seed, so samplers see one choice list.
+        self.layout_alias = {label: next(k for k, v in out.items() if v == flat[label]) for label in (SEED, MERGED, SEPARATE)}
         return out
 
     @property
     def seed_layout(self) -> str:
-        seed = tuple((p.name, p.buffers) for pipes in self.channels.values() for p in pipes)
-        return next(label for label, pipes in self.layouts.items() if pipes == seed)
+        return self.layout_alias[SEED]
 
     # --- plans --------------------------------------------------------------
-    @functools.cache
     def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
+        return self._plan(self.layout_alias.get(layout, layout), moved)
+
+    @functools.cache
+    def _plan(self, layout: str, moved: tuple[str, ...]) -> Plan:
         varied_pipes = self.layouts[layout]
         moves = [m for m in self.movable if m.op in moved]
         pipe_of = {b: name for name, bufs in varied_pipes for b in bufs}
@@ -319,11 +392,51 @@ class Seed:
                     same = self._pipelines.get(name)
                     pipelines.append(Pipeline(name, bufs, same.depth if same is not None and same.buffers == bufs else p.depth))
         pipelines += [Pipeline(m.pipeline, m.buffers, 1) for m in moves]
+        tied = []
+        for (scope, prod, cons), pipes in self.channels.items():
+            if (scope, prod, cons) in self.guarded:  # the guard and what it guards keep one depth
+                names = [name for name, bufs in varied_pipes if set(bufs) <= {b for p in pipes for b in p.buffers}]
+                tied += [(name, names[0]) for name in names[1:]]
+        held = {(scope, prod) for (scope, prod, _) in self.guarded}
         keys = sorted({(scope, role) for (scope, prod, cons) in self.channels for role in (prod, cons) if role} | {(m.scope, m.role) for m in moves}, key=self._body_order)
-        body_groups = tuple((key, tuple(self._groups(key, pipe_of, moves))) for key in keys)
-        decided = tuple(g for _, groups in body_groups if len(groups) > 1 for g in groups)
-        return Plan(layout, tuple(m.op for m in moves), tuple(pipelines), tuple(name for name, _ in varied_pipes) + tuple(m.pipeline for m in moves),
-                    decided, self.role_names + tuple(m.new_role for m in moves), tuple(pipe_of.items()), tuple(producer.items()), body_groups)  # fmt: skip
+        body_groups, choices, infeasible = [], [], None
+        for key in keys:
+            groups = self._groups(key, pipe_of, moves, fixed=key in held)
+            choice, reason = self._stage_choice(key, groups, pipe_of, producer, moves)
+            if choice is not None and len(choice.options) == 1:  # one way: pin it, no decision
+                groups = [replace(g, fixed=stage) for g, stage in zip(groups, choice.options[0])]
+            elif choice is not None:
+                choices.append(choice)
+            infeasible = infeasible or reason
+            body_groups.append((key, tuple(groups)))
+        varied = tuple(name for name, _ in varied_pipes if name not in dict(tied)) + tuple(m.pipeline for m in moves)
+        return Plan(layout, tuple(m.op for m in moves), tuple(pipelines), varied, tuple(tied), tuple(g for c in choices for g in c.groups), tuple(choices),
+                    self.role_names + tuple(m.new_role for m in moves), tuple(pipe_of.items()), tuple(producer.items()), tuple(body_groups), infeasible)  # fmt: skip
+
+    def _stage_choice(self, key: BodyKey, groups: list[Group], pipe_of: dict[str, str], producer: dict[str, str],
+                      moves: Sequence[Movable]) -> tuple[StageChoice | None, str | None]:  # fmt: skip
+        """The stage tuples of a body's groups that keep the seed's dependences:
+        offsets up to max_stage_offset, lowest at the body's base, and the seed's
+        own; or why there is none."""
+        if len(groups) < 2 or any(g.fixed is not None for g in groups):
+            return None, None
+        everything = [o for o in itertools.product(range(self.max_stage_offset + 1), repeat=len(groups)) if min(o) == 0]
+        options = list(everything)
+        seed_stage = {i.pipeline: i.stage for i in self.body(*key) if isinstance(i, Sync)}
+        if all(p in seed_stage and self._keeps(p, pipe_of) for g in groups for p in g.pipelines):
+            own = tuple(seed_stage[g.pipelines[0]] - g.base for g in groups)  # the seed's, even past max_stage_offset
+            options += [own] if own not in options else []
+        feasible, reason = [], None
+        for offsets in options:
+            stage = {p: g.base + x for g, x in zip(groups, offsets) for p in g.pipelines}
+            body = self._rebuild(key, pipe_of, producer, moves, stage)
+            if isinstance(body, str):
+                reason = reason or body
+            else:
+                feasible.append(tuple(g.base + x for g, x in zip(groups, offsets)))
+        if not feasible:
+            return None, reason
+        return StageChoice(tuple(groups), tuple(feasible), complete=len(feasible) == len(options) == len(everything)), None
 
     def _body_order(self, key: BodyKey) -> tuple[int, int]:
         scope, role = key
@@ -342,7 +455,8 @@ class Seed:
     def _writers(self, move: Movable) -> list[str]:
         return [e for e in self.body(move.scope, move.role) if isinstance(e, str) and set(self.entry_access(move.role, e)[1]) & set(move.buffers)]
 
-    def _groups(self, key: BodyKey, pipe_of: dict[str, str], moves: Sequence[Movable]) -> list[Group]:
+    def _groups(self, key: BodyKey, pipe_of: dict[str, str], moves: Sequence[Movable], fixed: bool = False) -> list[Group]:
+        """The body's span groups; ``fixed``: each at the seed's stage of its buffers."""
         scope, role = key
         pipes = self._candidate_pipes(key, pipe_of, moves)
         parent = {p: p for p in pipes}
@@ -361,14 +475,13 @@ class Seed:
         out: dict[str, list[str]] = {}
         for p in pipes:
             out.setdefault(find(p), []).append(p)
-        return [Group(scope, role, tuple(ps), base) for ps in out.values()]
+        seed_stage = {self._pipelines[i.pipeline].buffers[0]: i.stage for i in self.body(scope, role) if isinstance(i, Sync)}
+        first = {p: next(b for b, q in pipe_of.items() if q == p) for p in pipes}
+        return [Group(scope, role, tuple(ps), base, seed_stage.get(first[ps[0]], base) if fixed else None) for ps in out.values()]
 
     def seed_stages(self, plan: Plan) -> tuple[int, ...]:
         """The seed's stage of each decided group (of the seed's own plan)."""
-        out = []
-        for g in plan.groups:
-            out.append(next(i.stage for i in self.body(g.scope, g.role) if isinstance(i, Sync) and i.pipeline in g.pipelines))
-        return tuple(out)
+        return tuple(next(i.stage for i in self.body(g.scope, g.role) if isinstance(i, Sync) and i.pipeline in g.pipelines) for g in plan.groups)
 
     # --- building a variant --------------------------------------------------
     def schedule_for(self, plan: Plan, depths: Sequence[int], stages: Sequence[int], roles: Sequence[Role], num_warps: int) -> Schedule | str:
@@ -376,8 +489,8 @@ class Seed:
         bodies = self.bodies(plan, tuple(stages))
         if isinstance(bodies, str):
             return bodies
-        depth_of = dict(zip(plan.varied, depths))
-        pipelines = tuple(Pipeline(p.name, p.buffers, depth_of.get(p.name, p.depth)) for p in plan.pipelines)
+        depth_of = plan.depth_of(depths)
+        pipelines = tuple(Pipeline(p.name, p.buffers, depth_of[p.name]) for p in plan.pipelines)
         scopes = tuple(
             Scope(s.id, tuple((role, bodies.get((s.id, role), body)) for role, body in s.bodies) + self._new_bodies(plan, s.id))
             for s in self.schedule.scopes
@@ -408,7 +521,7 @@ class Seed:
         moves = [m for m in self.movable if m.op in plan.moved]
         out: dict[BodyKey, tuple[Instr, ...]] = {}
         for key, groups in plan.body_groups:
-            stage = {p: decided.get(g, g.base) for g in groups for p in g.pipelines}
+            stage = {p: decided.get(g, g.base if g.fixed is None else g.fixed) for g in groups for p in g.pipelines}
             body = self._rebuild(key, pipe_of, producer, moves, stage)
             if isinstance(body, str):
                 return body
@@ -499,17 +612,23 @@ class Seed:
         return out
 
     # --- the verifier's deadlock model ---------------------------------------
+    @functools.cache
     def deadlock(self, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
         """MaterializeWSSchedule's deadlock check: every role's sync events under
         the mbarrier parity model, each loop modelled at max depth + 1 trips."""
-        depth_of = dict(zip(plan.varied, depths))
-        depth = {p.name: depth_of.get(p.name, p.depth) for p in plan.pipelines}
-        trips = max([2] + [d + 1 for d in depth.values()])
-        return _simulate(self._events(plan, stages, trips), depth, plan.roles)
+        depth_of = plan.depth_of(depths)
+        depth = [depth_of[p.name] for p in plan.pipelines]
+        trips = max([2] + [d + 1 for d in depth])
+        events = self._events(plan, stages, trips)
+        blocked = _simulate(events, depth)
+        if not blocked:
+            return None
+        where = ", ".join(f"{plan.roles[r]} at {_KINDS[code].lower()}({plan.pipelines[p].name})" for r, (code, p) in blocked)
+        return f"deadlock: {where} (mbarrier parity model, loops at {trips} trips)"
 
     @functools.cache
-    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[tuple[Sync, ...], ...]:
-        """Each role's sync events in emitted order (FlattenRoleEvents)."""
+    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Each role's sync events in emitted order (FlattenRoleEvents), as (kind, pipeline index)."""
         roles = tuple(Role(name, 0, 1) for name in plan.roles)
         schedule = self.schedule_for(plan, [1] * len(plan.varied), stages, roles, 4)
         assert not isinstance(schedule, str)
@@ -530,11 +649,12 @@ class Seed:
                     elif entry in scopes:
                         flatten(entry, role, out)
 
+        index = {p.name: i for i, p in enumerate(plan.pipelines)}
         events = []
         for role in plan.roles:
             flat: list[Sync] = []
             flatten(ROOT_SCOPE, role, flat)
-            events.append(tuple(flat))
+            events.append(tuple((_KINDS.index(e.kind), index[e.pipeline]) for e in flat))
         return tuple(events)
 
 
@@ -591,35 +711,39 @@ def _stable_topological(items: list[_Item], after: dict[int, set[int]]) -> list[
     return out if len(out) == len(items) else None
 
 
-def _simulate(events: tuple[tuple[Sync, ...], ...], depth: dict[str, int], roles: tuple[str, ...]) -> str | None:
+_KINDS = (CONSUMER_SYNCS[0], PRODUCER_SYNCS[0], PRODUCER_SYNCS[1], CONSUMER_SYNCS[1])  # event codes 0-3
+_WAIT, _ACQUIRE, _COMMIT = 0, 1, 2
+
+
+def _simulate(events: tuple[tuple[tuple[int, int], ...], ...], depth: list[int]) -> list[tuple[int, tuple[int, int]]]:
     """Run the roles' events greedily: a wait needs a commit it has not seen, an
-    acquire a free slot; commits and releases never block. A role still blocked
-    when nothing moves is a deadlock (VerifyDeadlockFree)."""
+    acquire a free slot; commits and releases never block. The roles still
+    blocked when nothing moves, with their event (VerifyDeadlockFree)."""
     cursors = [0] * len(events)
-    commits = dict.fromkeys(depth, 0)
-    releases = dict.fromkeys(depth, 0)
-    taken = [dict.fromkeys(depth, 0) for _ in events]  # a role's waits, or acquires, per pipeline
+    commits = [0] * len(depth)
+    releases = [0] * len(depth)
+    taken = [[0] * len(depth) for _ in events]  # a role's waits, or acquires, per pipeline
     progressed = True
     while progressed:
         progressed = False
         for r, flat in enumerate(events):
-            mine, cursor = taken[r], cursors[r]
-            while cursor < len(flat):
-                e = flat[cursor]
-                if e.kind == CONSUMER_SYNCS[0]:
-                    if mine[e.pipeline] >= commits[e.pipeline]:
+            mine, cursor, end = taken[r], cursors[r], len(flat)
+            while cursor < end:
+                code, p = flat[cursor]
+                if code == _WAIT:
+                    if mine[p] >= commits[p]:
                         break
-                    mine[e.pipeline] += 1
-                elif e.kind == PRODUCER_SYNCS[0]:
-                    if mine[e.pipeline] >= depth[e.pipeline] + releases[e.pipeline]:
+                    mine[p] += 1
+                elif code == _ACQUIRE:
+                    if mine[p] >= depth[p] + releases[p]:
                         break
-                    mine[e.pipeline] += 1
-                elif e.kind == PRODUCER_SYNCS[1]:
-                    commits[e.pipeline] += 1
+                    mine[p] += 1
+                elif code == _COMMIT:
+                    commits[p] += 1
                 else:
-                    releases[e.pipeline] += 1
+                    releases[p] += 1
                 cursor += 1
+            if cursor != cursors[r]:
+                cursors[r] = cursor
                 progressed = True
-            cursors[r] = cursor
-    blocked = [f"{roles[r]} at {flat[cursors[r]].kind.lower()}({flat[cursors[r]].pipeline})" for r, flat in enumerate(events) if cursors[r] < len(flat)]
-    return f"deadlock: {', '.join(blocked)} (mbarrier parity model)" if blocked else None
+    return [(r, flat[cursors[r]]) for r, flat in enumerate(events) if cursors[r] < len(flat)]

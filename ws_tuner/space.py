@@ -30,9 +30,10 @@ buffer sizes, what each op reads and writes) arrives as a ``PointInfo``.
 from __future__ import annotations
 
 import itertools
+import random
 import tomllib
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -71,7 +72,7 @@ class SpaceConfig:
     depths: tuple[int, ...] = (1, 2, 3, 4, 5)
     max_stage_offset: int = 2
     producer_nreg: tuple[int, ...] = (24, 40, 56)
-    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240, 256)
+    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
     own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
 
@@ -159,7 +160,8 @@ class SeedShape:
     def __init__(self, info: PointInfo, seed: Seed, config: SpaceConfig):
         self.info, self.analysis, self.config = info, seed, config
         self.seed = info.seed
-        self.splits: dict[str, Split | None] = self._splits()
+        self.split_alias: dict[str, str] = {}  # every label -> the one of its warp ranges
+        self.splits: dict[str, Split | None] = self._splits()  # distinct warp ranges, by label
 
     @property
     def limits(self) -> list[str]:
@@ -170,8 +172,23 @@ class SeedShape:
         return tuple(m.op for m in self.analysis.movable) if self.config.own_roles else ()
 
     def layouts(self) -> tuple[str, ...]:
-        found = self.analysis.layouts
-        return tuple(label for label in found if label == SEED or label in self.config.layouts) or (self.analysis.seed_layout,)
+        """Distinct pipeline layouts to enumerate."""
+        alias = self.analysis.layout_alias
+        return tuple(dict.fromkeys(alias[label] for label in (SEED, *self.config.layouts)))
+
+    def layout_labels(self) -> tuple[str, ...]:
+        """The choices of the "pipelines" decision: the same for every seed."""
+        return (SEED, *(label for label in self.config.layouts if label != SEED))
+
+    @property
+    def roles_decision(self) -> str:
+        """The name of the warp-range decision: its labels depend on the number of consumer roles."""
+        n = len(self.analysis.heavy)
+        return "roles" if n == 1 else f"roles.{n}"
+
+    def canonical(self, point: Point) -> Point:
+        """The point with its labels resolved to the layouts they name for this seed."""
+        return replace(point, roles=self.split_alias.get(point.roles, point.roles), layout=self.analysis.layout_alias.get(point.layout, point.layout))
 
     def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
         return self.analysis.plan(layout, moved)
@@ -184,6 +201,7 @@ class SeedShape:
         consumers = [r.name for r in self.seed.roles if r.name in heavy]
         out: dict[str, Split | None] = {}
         seen: dict[tuple, str] = {}
+        own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
         for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
             for kind, first in itertools.product(c.producer_kinds, c.producer_first):
                 split = Split(wgs, kind, first)
@@ -192,10 +210,10 @@ class SeedShape:
                 if key not in seen:
                     seen[key] = split.label
                     out[split.label] = split
-        own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
+                self.split_alias[split.label] = seen[key]
         if own not in seen:
             out = {SEED: None, **out}
-        self.seed_split = seen.get(own, SEED)
+        self.seed_split = self.split_alias[SEED] = seen.get(own, SEED)
         return out
 
     def roles(self, label: str, plan: Plan, nregs: Sequence[int]) -> tuple[tuple[Role, ...], int]:
@@ -219,28 +237,14 @@ class SeedShape:
             self.analysis.seed_stages(plan), tuple(r.max_nreg for r in self.seed.roles),
         )  # fmt: skip
 
-    def stage_choices(self, plan: Plan) -> Iterator[tuple[int, ...]]:
-        """Group stages in canonical form: the lowest of each body at its seed base."""
-        per_body = []
-        for key, groups in plan.body_groups:
-            if len(groups) < 2:
-                continue
-            offsets = [o for o in itertools.product(range(self.config.max_stage_offset + 1), repeat=len(groups)) if min(o) == 0]
-            per_body.append([tuple(g.base + x for g, x in zip(groups, o)) for o in offsets])
-        for combo in itertools.product(*per_body):
+    @staticmethod
+    def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:
+        """Every decided group's stage, over the choices of each body that keep the seed's dependences."""
+        for combo in itertools.product(*(c.options for c in plan.stage_choices)):
             yield tuple(itertools.chain.from_iterable(combo))
 
-    def canonical_stages(self, plan: Plan, offsets: Sequence[int]) -> tuple[int, ...]:
-        out, i = [], 0
-        for _, groups in plan.body_groups:
-            if len(groups) < 2:
-                continue
-            mine = offsets[i : i + len(groups)]
-            out += [g.base + x - min(mine) for g, x in zip(groups, mine)]
-            i += len(groups)
-        return tuple(out)
-
     def schedule(self, point: Point) -> Schedule | str:
+        point = self.canonical(point)
         plan = self.plan(point.layout, point.moved)
         roles, num_warps = self.roles(point.roles, plan, point.nregs)
         return self.analysis.schedule_for(plan, point.depths, point.stages, roles, num_warps)
@@ -256,15 +260,22 @@ class ScheduleSpace:
         point_info: Callable[[dict[str, Any]], PointInfo],
         check: Callable[[dict[str, Any], Schedule | None], str | None] = lambda params, schedule: None,
         config: SpaceConfig = SpaceConfig(),
+        check_candidates: bool = True,
     ):
+        """``check``: the kernel's check. It is asked about kernel parameters and
+        role layouts while enumerating, and, with ``check_candidates``, about each
+        whole candidate before it is handed out (a recorded check cannot be)."""
         self.param_grid = {k: tuple(v) for k, v in param_grid.items()}
         self.config = config
         self._point_info = point_info
         self._check = check
+        self._check_candidates = check_candidates
         self._shapes: dict[ParamsKey, SeedShape | str] = {}
         self._seeds: dict[tuple, Seed] = {}
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
         self._register_reasons: dict[tuple, str | None] = {}
+        self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
+        self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
 
     # --- structure ----------------------------------------------------------
     def param_points(self) -> Iterator[ParamsKey]:
@@ -282,7 +293,7 @@ class ScheduleSpace:
                 info = self._point_info(dict(params))
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
-                    self._seeds[key] = Seed(info.seed, info.accesses, info.buffer_kinds)
+                    self._seeds[key] = Seed(info.seed, info.accesses, info.buffer_kinds, self.config.max_stage_offset)
                 self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
 
@@ -331,15 +342,27 @@ class ScheduleSpace:
                 survivors, below = self._role_survivors(params, shape, moved, count)
                 for layout in shape.layouts():
                     plan = shape.plan(layout, moved)
+                    depth_sets = tuple(itertools.product(self.config.depths, repeat=len(plan.varied)))
+                    if plan.infeasible:  # no stages of some body keep the seed's dependences
+                        count.total += len(depth_sets) * below
+                        count.prune(plan.infeasible, len(depth_sets) * below)
+                        continue
                     stage_sets = tuple(shape.stage_choices(plan))
-                    for depths in itertools.product(self.config.depths, repeat=len(plan.varied)):
-                        count.total += len(stage_sets) * below
+                    fitting = []  # depths within shared memory; the rest are pruned under every stage choice
+                    for depths in depth_sets:
                         reason = self._smem_reason(shape, plan, depths)
                         if reason:
-                            count.prune(reason, len(stage_sets) * below)
+                            count.prune(reason, below * len(stage_sets))
+                        else:
+                            fitting.append(depths)
+                    for stages in stage_sets:
+                        count.total += len(depth_sets) * below
+                        reason = self._order_reason(shape, plan, stages)
+                        if reason:
+                            count.prune(reason, len(fitting) * below)
                             continue
-                        for stages in stage_sets:
-                            reason = self._body_reason(shape, plan, stages, depths)
+                        for depths in fitting:
+                            reason = shape.analysis.deadlock(plan, stages, depths)
                             if reason:
                                 count.prune(reason, below)
                                 continue
@@ -391,30 +414,36 @@ class ScheduleSpace:
         return n
 
     def candidates(self) -> Iterator[Candidate]:
-        for point, shape in self.walk():
-            schedule = shape.schedule(point)
-            assert not isinstance(schedule, str), schedule
-            yield Candidate.make(dict(point.params), schedule)
+        for point, _ in self.walk():
+            cand = self.candidate(point)
+            if isinstance(cand, Candidate):  # the kernel's check on the whole schedule may still refuse it
+                yield cand
 
     def candidate(self, point: Point) -> Candidate | str:
         """The candidate at a point, or why the point is pruned."""
         shape = self.shape(point.params)
         if isinstance(shape, str):
             return shape
+        point = shape.canonical(point)
         reason = self._malformed(shape, point)
         if reason:
             return reason
         plan = shape.plan(point.layout, point.moved)
         reason = (
-            self._smem_reason(shape, plan, point.depths)
-            or self._body_reason(shape, plan, point.stages, point.depths)
+            plan.infeasible
+            or self._smem_reason(shape, plan, point.depths)
+            or self._order_reason(shape, plan, point.stages)
+            or shape.analysis.deadlock(plan, tuple(point.stages), tuple(point.depths))
             or self.split_reason(point.params, shape, point.roles)
             or self._register_reason(shape, point.roles, plan, point.nregs)
         )
         if reason:
             return reason
         schedule = shape.schedule(point)
-        return schedule if isinstance(schedule, str) else Candidate.make(dict(point.params), schedule)
+        if isinstance(schedule, str):
+            return schedule
+        reason = self._check(dict(point.params), schedule) if self._check_candidates else None
+        return f"kernel: {reason}" if reason else Candidate.make(dict(point.params), schedule)
 
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)
@@ -435,19 +464,94 @@ class ScheduleSpace:
             return Point(params)
         return self._decisions(shape, choose, params=params)
 
+    def random_point(self, rng: random.Random, tries: int = 200) -> Point | None:
+        """A point that passes every static rule, drawn level by level among the
+        choices that survive (for exploring a space where most random decisions
+        are pruned); None if ``tries`` draws found none."""
+        valid = [p for p in self.param_points() if not isinstance(self.shape(p), str)]
+        for _ in range(tries if valid else 0):
+            params = rng.choice(valid)
+            shape = self.shape(params)
+            assert not isinstance(shape, str)
+            moved = tuple(op for op in shape.movable if rng.random() < 0.5)
+            kept = self._survivors_of(params, shape, moved)
+            plan = shape.plan(rng.choice(shape.layouts()), moved)
+            fitting = self._fitting_depths(shape, plan)
+            if not kept or plan.infeasible or not fitting:
+                continue
+            depths = rng.choice(fitting)
+            stages = tuple(itertools.chain.from_iterable(rng.choice(c.options) for c in plan.stage_choices))
+            label, nregs = rng.choice(kept)
+            point = Point(params, label, plan.layout, depths, stages, nregs, moved)
+            if isinstance(self.candidate(point), Candidate):
+                return point
+        return None
+
+    def decisions(self, point: Point) -> dict[str, Any]:
+        """The sampler's decisions that give this point (``sample`` in reverse)."""
+        shape = self.shape(point.params)
+        wanted = dict(point.params)
+        made: dict[str, Any] = {}
+
+        def choose(name: str, options: Sequence[Any]) -> Any:
+            options = tuple(options)
+            if name.startswith("param."):
+                value = wanted[name[len("param.") :]]
+            elif name.startswith("roles"):
+                value = point.roles
+            elif name == "pipelines":
+                value = point.layout
+            elif name.startswith("own_role."):
+                value = name[len("own_role.") :] in point.moved
+            else:
+                value = self._numbers(shape, point)[name]
+            made[name] = value if value in options else options[0]
+            return made[name]
+
+        self.sample(choose)
+        return made
+
+    @staticmethod
+    def _numbers(shape: SeedShape | str, point: Point) -> dict[str, Any]:
+        """Depth, stage and budget decisions of a point, by name."""
+        assert not isinstance(shape, str)
+        plan = shape.plan(point.layout, point.moved)
+        out: dict[str, Any] = {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
+        out.update({f"nreg.{r}": n for r, n in zip(plan.roles, point.nregs)})
+        stages = iter(point.stages)
+        for choice in plan.stage_choices:
+            out[choice.name] = choice.label(tuple(next(stages) for _ in choice.groups))
+        return out
+
+    def _survivors_of(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        key = (params, moved)
+        if key not in self._survivors:
+            self._survivors[key] = self._role_survivors(params, shape, moved, SpaceCount())[0][0]
+        return self._survivors[key]
+
+    def _fitting_depths(self, shape: SeedShape, plan: Plan) -> list[tuple[int, ...]]:
+        key = (id(shape), plan)
+        if key not in self._fitting:
+            depths = itertools.product(self.config.depths, repeat=len(plan.varied))
+            self._fitting[key] = [d for d in depths if not self._smem_reason(shape, plan, d)]
+        return self._fitting[key]
+
     def _decisions(self, shape: SeedShape, choose: Callable[[str, Sequence[Any]], Any], params: ParamsKey = (), every: bool = False) -> Point:
         """The decisions below the kernel parameters, in a fixed order. ``every``:
         offer every name of every plan (to list the axes), not one path."""
         c = self.config
-        roles = choose("roles", tuple(shape.splits))
+        roles = shape.split_alias[choose(shape.roles_decision, tuple(shape.split_alias))]
         moved = tuple(op for op in shape.movable if choose(f"own_role.{op}", (False, True)))
-        layout = choose("pipelines", shape.layouts())
+        layout = shape.analysis.layout_alias[choose("pipelines", shape.layout_labels())]
         plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv in self._moved_choices(shape)] if every else [shape.plan(layout, moved)]
         for plan in plans:
             depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
-            offsets = tuple(choose(g.name, tuple(range(c.max_stage_offset + 1))) for g in plan.groups)
+            stages: tuple[int, ...] = ()
+            for choice in plan.stage_choices:
+                by_label = {choice.label(o): o for o in choice.options}
+                stages += by_label[choose(choice.name, tuple(by_label))]
             nregs = tuple(choose(f"nreg.{r}", shape.nreg_choices(r)) for r in plan.roles)
-        return Point(params, roles, layout, depths, shape.canonical_stages(plans[-1], offsets), nregs, moved)
+        return Point(params, roles, layout, depths, stages, nregs, moved)
 
     # --- static rules -------------------------------------------------------
     def _malformed(self, shape: SeedShape, point: Point) -> str | None:
@@ -459,19 +563,17 @@ class ScheduleSpace:
         return None
 
     def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
-        depth_of = dict(zip(plan.varied, depths))
-        depth = {b: depth_of.get(p.name, p.depth) for p in plan.pipelines for b in p.buffers}
+        depth_of = plan.depth_of(depths)
+        depth = {b: depth_of[p.name] for p in plan.pipelines for b in p.buffers}
         total = sum(size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items())
-        total += BARRIER_BYTES * sum(depth_of.get(p.name, p.depth) for p in plan.pipelines)
+        total += BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
             return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block"
         return None
 
-    def _body_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
+    def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:
         bodies = shape.analysis.bodies(plan, tuple(stages))
-        if isinstance(bodies, str):
-            return bodies
-        return shape.analysis.deadlock(plan, tuple(stages), tuple(depths))
+        return bodies if isinstance(bodies, str) else None
 
     def split_reason(self, params: ParamsKey, shape: SeedShape, label: str) -> str | None:
         """Why a role layout cannot serve these kernel parameters (threads, the kernel's check)."""

@@ -104,6 +104,7 @@ class Task:
             point_info=self.point_info,
             check=self.check,
             config=self.space_config,
+            check_candidates=self.recorded is None,
         )
 
     def check(self, params: dict[str, Any], schedule: Any) -> str | None:
