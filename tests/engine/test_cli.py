@@ -73,7 +73,7 @@ def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
 def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
     proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
     assert proc.returncode == 0, proc.stderr
-    assert "stage.consumer.v" in proc.stdout and "depth.k" in proc.stdout
+    assert "stage.consumer.k/v" in proc.stdout and "depth.k" in proc.stdout
 
 
 @pytest.mark.slow
