@@ -128,7 +128,10 @@ def tune(
     count = SpaceCount()
     if next(task.space().walk(count), None) is None:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
-        raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
+        if not any(not isinstance(task.space().shape(p), str) for p in task.space().param_points()):
+            raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
+        err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
+    _print_limits(task.space())
     store = open_store(db)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
@@ -246,6 +249,13 @@ def space(
         pruned.add_row(kind, str(n), count.examples[kind])
     out.print(pruned)
     out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    _print_limits(sp)
+
+
+def _print_limits(sp: Any) -> None:
+    """What the space cannot vary in this seed: it is still measured as the seed baseline."""
+    for note in sp.limits():
+        err.print(f"kept as in the seed: {note}")
 
 
 # --- best / export -------------------------------------------------------------

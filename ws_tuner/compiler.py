@@ -23,7 +23,7 @@ from tilelang import tvm
 from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
-from .schedule import SYNC_KINDS, Pipeline, Role, Schedule, Scope, Sync
+from .schedule import SYNC_KINDS, OpAccess, Pipeline, Role, Schedule, Scope, Sync
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
@@ -158,17 +158,36 @@ def shared_buffers(func: Any) -> list[SharedBuffer]:
     return out
 
 
-def op_buffers(func: Any) -> dict[str, frozenset[str]]:
-    """Op id -> names of the block-allocated buffers the op touches.
+def buffer_kinds(func: Any) -> dict[str, str]:
+    """Block-allocated buffer -> "shared", "fragment", "local" or its raw storage scope."""
+    block = _annotated_block(func)
+    if block is None:
+        return {}
+    kinds = {"shared.dyn": "shared", "shared": "shared", "local.fragment": "fragment", "local": "local", "local.var": "local"}
+    return {str(b.name): kinds.get(b.scope(), b.scope()) for b in block.alloc_buffers}
 
-    The schedule space needs this to regroup pipelines: every op that touches
-    a protected buffer must sit inside that pipeline's span.
+
+# Hopper MMAs that return before they finish, and the ops that retire them.
+ASYNC_ISSUE_OPS = frozenset({"tl.tileop.wgmma_gemm", "tl.tileop.gemm"})  # a gemm is async only with wg_wait != 0
+ASYNC_RETIRE_OPS = frozenset({"tl.wait_wgmma"})
+
+
+def op_accesses(func: Any) -> dict[str, OpAccess]:
+    """Op id (loops included) -> what it reads and writes, and its async role.
+
+    Buffers are the block-allocated ones, by name; scalar variables that ops
+    bind (``bm = tiles.m_idx``) are "$name", so that a use stays after its
+    definition. A tile op's region says read, write or both; a raw pointer
+    (``access_ptr``) counts as both. The schedule space keeps these
+    dependences when it moves spans, and uses them to regroup pipelines.
     """
     block = _annotated_block(func)
     if block is None:
         return {}
     allocated = {b.data: str(b.name) for b in block.alloc_buffers}
-    out: dict[str, frozenset[str]] = {}
+    bound: dict[Any, str] = {}
+    stmt_functor.post_order_visit(block.body, lambda n: bound.setdefault(n.var, "$" + str(n.var.name)) if isinstance(n, tvm.tirx.Bind) else None)
+    out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
         op_id = None
@@ -179,10 +198,52 @@ def op_buffers(func: Any) -> dict[str, frozenset[str]]:
             if ann and "tl.ws_op_id" in ann:
                 op_id, body = _text(ann["tl.ws_op_id"]), node
         if op_id is not None:
-            out[op_id] = frozenset(allocated[v] for v in _referenced_vars(body) if v in allocated)
+            out[op_id] = _access(body, allocated, bound)
 
     stmt_functor.post_order_visit(block.body, visit)
     return out
+
+
+def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAccess:
+    reads: set[str] = set()
+    writes: set[str] = set()
+    issues = retires = False
+    through_region: set[int] = set()  # loads that name a tile op's region, not a read
+    calls: list[Any] = []
+    stmt_functor.post_order_visit(stmt, lambda n: calls.append(n) if isinstance(n, tvm.tirx.Call) else None)
+    for call in calls:
+        name = getattr(call.op, "name", "")
+        if name == "tl.region":
+            load, mode = call.args[0], int(call.args[1])
+            through_region.add(load.__chandle__())
+            name = allocated.get(load.buffer.data)
+            if name and mode & 1:
+                reads.add(name)
+            if name and mode & 2:
+                writes.add(name)
+        elif name in ASYNC_ISSUE_OPS:
+            wait = int(dict(getattr(call, "annotations", {}) or {}).get("wg_wait", 0))
+            issues = issues or wait != 0 or name != "tl.tileop.gemm"
+            retires = retires or wait > 0
+        elif name in ASYNC_RETIRE_OPS:
+            retires = True
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.BufferStore) and node.buffer.data in allocated:
+            writes.add(allocated[node.buffer.data])
+        elif isinstance(node, tvm.tirx.BufferLoad) and node.buffer.data in allocated and node.__chandle__() not in through_region:
+            reads.add(allocated[node.buffer.data])
+        elif isinstance(node, tvm.tirx.Bind):
+            writes.add(bound[node.var])
+        elif isinstance(node, tvm.tirx.Var):
+            if node in allocated:  # a raw pointer: read and write
+                reads.add(allocated[node])
+                writes.add(allocated[node])
+            elif node in bound:
+                reads.add(bound[node])
+
+    stmt_functor.post_order_visit(stmt, visit)
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires)
 
 
 def _text(value: Any) -> str:

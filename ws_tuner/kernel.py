@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +118,24 @@ class KernelSpec:
             allowed = self.choices.get(key)
             if allowed and problem[key] not in allowed:
                 raise KernelFileError(f"{key}={problem[key]} is not one of {', '.join(map(str, allowed))}")
-            if isinstance(problem[key], int) and not isinstance(problem[key], bool) and problem[key] <= 0:
+            if not self.is_categorical(key) and isinstance(problem[key], int) and problem[key] <= 0:
                 raise KernelFileError(f"{key} must be positive, got {problem[key]}")
         return problem
+
+    def is_categorical(self, key: str) -> bool:
+        """A flag or a pick from a list (a dtype, a layout, ``causal``), not a size."""
+        default = self.problem_defaults.get(key)
+        return key in self.choices or isinstance(default, (str, bool))
+
+    def problem_distance(self, a: dict[str, Any], b: dict[str, Any]) -> float | None:
+        """Log-distance between two problems that differ only in sizes; None if
+        they differ in anything categorical (so a schedule cannot be carried over)."""
+        if set(a) != set(b):
+            return None
+        sizes = [k for k in a if not self.is_categorical(k) and _is_size(a[k]) and _is_size(b[k])]
+        if any(a[k] != b[k] for k in a if k not in sizes):
+            return None
+        return sum(abs(math.log2(max(a[k], 1)) - math.log2(max(b[k], 1))) for k in sizes)
 
     def parse_params(self, text: str | None) -> dict[str, tuple[Any, ...]]:
         """``block_M=128,swizzle=8`` pins parameters; the rest keep their lists."""
@@ -141,6 +157,10 @@ def parse_assignments(text: str | None, *, what: str) -> dict[str, str]:
             raise KernelFileError(f"{what} wants KEY=VALUE pairs separated by commas, got {item!r}")
         out[key.strip()] = value.strip()
     return out
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _coerce(key: str, value: Any, like: Any) -> Any:

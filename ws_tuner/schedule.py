@@ -59,6 +59,23 @@ class Sync:
         return self.kind in PRODUCER_SYNCS
 
 
+@dataclass(frozen=True)
+class OpAccess:
+    """What one op (or loop) of the kernel reads and writes: allocated buffers
+    by name, scalar variables it binds as "$name". ``issues_async``: it starts
+    work that finishes later (an async MMA); ``retires_async``: it waits for
+    such work of its role to finish."""
+
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    issues_async: bool = False
+    retires_async: bool = False
+
+    @property
+    def touched(self) -> frozenset[str]:
+        return self.reads | self.writes
+
+
 Instr = Union[str, Sync]  # a plain string is an op or child-scope id
 
 

@@ -1,51 +1,56 @@
 """The schedule space: variants of a seed schedule, crossed with kernel parameters.
 
-Four schedule axes, each a dimension a ``Point`` fixes:
-- role split: consumer warpgroups (1-3), producer as one warp or a whole
-  warpgroup, producer before or after the consumers;
-- pipelines: all buffers of a producer/consumer pair in one pipeline
-  ("merged") or one pipeline per buffer ("separate"), and each one's depth;
-- setmaxnreg budget of each role (one value per warpgroup);
-- sync stage offsets: the stage of each producer span relative to the first.
+A point fixes one choice per decision; names and choice lists depend only on
+the seed, so samplers see a stable space:
+- ``param.<name>``: the kernel's parameters;
+- ``roles``: warp ranges. Roles that write register fragments (consumers)
+  get whole warpgroups each, the others one warp or one warpgroup, placed
+  before or after them; "seed" where the seed's ranges are none of these;
+- ``own_role.<op>``: run an op in a role of its own where the seed allows
+  it (a store from shared memory: the next loop iteration overlaps it);
+- ``pipelines``: each loop channel's buffers as the seed groups them, all
+  merged or all separate;
+- ``depth.<pipeline>``: each loop pipeline's depth;
+- ``stage.<role>.<pipelines>``: the stage of each span group of a loop body
+  with several (one pipeline's wait/release some iterations behind
+  another's; producer and consumer side alike);
+- ``nreg.<role>``: each role's setmaxnreg budget.
 
-Static rules prune a point before anything is built and say why. Pruning is
-hierarchical so that counting a space of 10^5 points takes a second: a rule
-that fails for a kernel-parameter point fails for everything under it.
+Static rules prune a point before anything is built and say why: the
+kernel's ``check``, shared memory, the seed's dependences and deadlock
+freedom (see seed.py), threads per block, setmaxnreg alignment and the
+64K-register pool. Pruning is hierarchical, and counting multiplies instead
+of enumerating the register budgets, so a space of 10^6 points counts in
+seconds.
 
-This module is pure Python: what it needs from the compiler (the seed, shared
-buffer sizes, which op touches which buffer) arrives as a ``PointInfo``.
+This module is pure Python: what it needs from the compiler (the seed,
+buffer sizes, what each op reads and writes) arrives as a ``PointInfo``.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import tomllib
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .candidate import Candidate
-from .schedule import (
-    CONSUMER_SYNCS,
-    PRODUCER_SYNCS,
-    THREADS_PER_WARP,
-    WARPS_PER_GROUP,
-    Instr,
-    Pipeline,
-    Role,
-    Schedule,
-    Scope,
-    Sync,
-)
+from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, OpAccess, Role, Schedule
+from .seed import MERGED, SEED, SEPARATE, Plan, Seed
+
+__all__ = ["MERGED", "SEED", "SEPARATE", "Point", "PointInfo", "ScheduleSpace", "SeedShape", "SpaceConfig", "SpaceCount", "Split", "register_reason"]
 
 REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
 SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
 MAX_THREADS = 1024
 PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
 BARRIER_BYTES = 16  # a full and an empty mbarrier per version
+LIGHT_WARPS = {"warp": 1, "warpgroup": WARPS_PER_GROUP}
 
-MERGED, SEPARATE = "merged", "separate"
+ParamsKey = tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class PointInfo:
 
     seed: Schedule
     shared_bytes: dict[str, int]  # shared buffers the kernel uses: bytes of one version
-    op_buffers: dict[str, frozenset[str]]  # op id -> buffers it touches
+    accesses: dict[str, OpAccess]  # op or loop id -> what it reads and writes
+    buffer_kinds: dict[str, str] = field(default_factory=dict)  # allocated buffer -> "shared", "fragment", "local", ...
 
 
 @dataclass(frozen=True)
@@ -62,11 +68,12 @@ class SpaceConfig:
     consumer_warpgroups: tuple[int, ...] = (1, 2, 3)
     producer_kinds: tuple[str, ...] = ("warp", "warpgroup")
     producer_first: tuple[bool, ...] = (False, True)
-    layouts: tuple[str, ...] = (MERGED, SEPARATE)
+    layouts: tuple[str, ...] = (MERGED, SEPARATE)  # "seed" is added where the seed is neither
     depths: tuple[int, ...] = (1, 2, 3, 4, 5)
     max_stage_offset: int = 2
     producer_nreg: tuple[int, ...] = (24, 40, 56)
-    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240, 256)
+    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
+    own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
 
     @classmethod
@@ -88,40 +95,49 @@ class SpaceConfig:
                 raise ValueError(f"setmaxnreg budgets are 0 or multiples of 8 in [24, 256], got {n}")
         if not self.depths or min(self.depths) < 1:
             raise ValueError("pipeline depths must be >= 1")
+        if any(kind not in LIGHT_WARPS for kind in self.producer_kinds):
+            raise ValueError(f"producer kinds are {' or '.join(LIGHT_WARPS)}")
 
 
 @dataclass(frozen=True)
-class RoleSplit:
-    consumer_warpgroups: int
-    producer: str  # "warp" or "warpgroup"
+class Split:
+    """Warp ranges: each consumer role's warpgroups; the other roles' size and place."""
+
+    consumer_warpgroups: tuple[int, ...]  # one per fragment-writing role, in seed order
+    producer: str  # "warp" or "warpgroup": every other role
     producer_first: bool
 
     @property
     def label(self) -> str:
-        where = "first" if self.producer_first else "last"
-        return f"{self.consumer_warpgroups}xWG+{self.producer}@{where}"
+        heavy = ",".join(f"{n}xWG" for n in self.consumer_warpgroups)
+        return f"{heavy}+{self.producer}@{'first' if self.producer_first else 'last'}"
 
-    @property
-    def num_warps(self) -> int:
-        return WARPS_PER_GROUP * (self.consumer_warpgroups + 1)
-
-    def ranges(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        """(consumer, producer) warp ranges."""
-        pw = 1 if self.producer == "warp" else WARPS_PER_GROUP
-        cw = WARPS_PER_GROUP * self.consumer_warpgroups
-        if self.producer_first:
-            return (WARPS_PER_GROUP, WARPS_PER_GROUP + cw), (0, pw)
-        return (0, cw), (cw, cw + pw)
+    def place(self, roles: Sequence[str], heavy: frozenset[str]) -> tuple[dict[str, tuple[int, int]], int]:
+        """Warp range per role and the warp count; consumers start at a warpgroup boundary."""
+        sizes = dict(zip([r for r in roles if r in heavy], (WARPS_PER_GROUP * n for n in self.consumer_warpgroups)))
+        light = [r for r in roles if r not in heavy]
+        order = light + list(sizes) if self.producer_first else list(sizes) + light
+        sizes.update({r: LIGHT_WARPS[self.producer] for r in light})
+        ranges, pos = {}, 0
+        for role in order:
+            if sizes[role] % WARPS_PER_GROUP == 0:
+                pos = -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP
+            ranges[role] = (pos, pos + sizes[role])
+            pos += sizes[role]
+        return ranges, max(WARPS_PER_GROUP, -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP)
 
 
 @dataclass(frozen=True)
 class Point:
-    params: tuple[tuple[str, Any], ...]
-    split: RoleSplit | None  # None: the seed's own roles
-    layout: str
-    depths: tuple[int, ...]  # one per pipeline of the layout
-    stages: tuple[int, ...]  # one per producer span after the first
-    nregs: tuple[int, ...]  # consumer, producer
+    """One point of the space. The tuples follow the point's plan (``SeedShape.plan``)."""
+
+    params: ParamsKey
+    roles: str = SEED  # a label of ``ScheduleSpace.splits``
+    layout: str = SEED  # a pipeline layout label
+    depths: tuple[int, ...] = ()  # one per varied pipeline
+    stages: tuple[int, ...] = ()  # one per decided span group
+    nregs: tuple[int, ...] = ()  # one per role
+    moved: tuple[str, ...] = ()  # ops in a role of their own
 
 
 @dataclass
@@ -138,109 +154,100 @@ class SpaceCount:
 
 
 class SeedShape:
-    """The seed schedule, understood: which role produces, which consumes,
-    which buffers are protected, and the op order of each role's loop body."""
+    """The seed at one kernel-parameter point: its analysis (shared by every
+    point with the same seed and ops), role layouts and the seed's own point."""
 
-    def __init__(self, info: PointInfo):
-        seed = info.seed
-        self.info = info
-        self.seed = seed
-        pipelines = {p.name: p for p in seed.pipelines}
-        producers = {seed.producer_of(p) for p in pipelines} - {None}
-        consumers = {seed.consumer_of(p) for p in pipelines} - {None}
-        if len(producers) != 1 or len(consumers) != 1 or producers == consumers:
-            raise ValueError("the space varies seeds with one producer and one consumer role")
-        self.producer, self.consumer = producers.pop(), consumers.pop()
-        self.fixed_roles = tuple(r for r in seed.roles if r.name not in (self.producer, self.consumer))
-        self.buffers = tuple(b for p in seed.pipelines for b in p.buffers)
-        self.merged_name = seed.pipelines[0].name if len(seed.pipelines) == 1 else "smem"
-        synced = [s for s in seed.scopes if any(isinstance(i, Sync) for _, body in s.bodies for i in body)]
-        if len(synced) != 1:
-            raise ValueError("the space varies seeds whose pipelines live in one loop scope")
-        self.loop = synced[0]
-        self.producer_spans = len(self._spans(self.loop.body(self.producer), SEPARATE))
+    def __init__(self, info: PointInfo, seed: Seed, config: SpaceConfig):
+        self.info, self.analysis, self.config = info, seed, config
+        self.seed = info.seed
+        self.split_alias: dict[str, str] = {}  # every label -> the one of its warp ranges
+        self.splits: dict[str, Split | None] = self._splits()  # distinct warp ranges, by label
 
-    def pipeline_names(self, layout: str) -> tuple[str, ...]:
-        return (self.merged_name,) if layout == MERGED else self.buffers
+    @property
+    def limits(self) -> list[str]:
+        return self.analysis.limits
 
-    def pipeline_of(self, layout: str) -> dict[str, str]:
-        return {b: (self.merged_name if layout == MERGED else b) for b in self.buffers}
+    @property
+    def movable(self) -> tuple[str, ...]:
+        return tuple(m.op for m in self.analysis.movable) if self.config.own_roles else ()
 
-    def _touched(self, op: str, layout: str) -> tuple[str, ...]:
-        mapping = self.pipeline_of(layout)
-        names = {mapping[b] for b in self.info.op_buffers.get(op, ()) if b in mapping}
-        return tuple(n for n in self.pipeline_names(layout) if n in names)
+    def layouts(self) -> tuple[str, ...]:
+        """Distinct pipeline layouts to enumerate."""
+        alias = self.analysis.layout_alias
+        return tuple(dict.fromkeys(alias[label] for label in (SEED, *self.config.layouts)))
 
-    def _spans(self, body: Sequence[Instr], layout: str) -> list[tuple[tuple[str, ...], list[str]] | str]:
-        """Ops grouped into spans: runs of consecutive ops touching the same pipelines."""
-        out: list[tuple[tuple[str, ...], list[str]] | str] = []
-        for op in (i for i in body if isinstance(i, str)):
-            pipes = self._touched(op, layout)
-            if not pipes:
-                out.append(op)
-            elif out and not isinstance(out[-1], str) and out[-1][0] == pipes:
-                out[-1][1].append(op)
-            else:
-                out.append((pipes, [op]))
+    def layout_labels(self) -> tuple[str, ...]:
+        """The choices of the "pipelines" decision: the same for every seed."""
+        return (SEED, *(label for label in self.config.layouts if label != SEED))
+
+    @property
+    def roles_decision(self) -> str:
+        """The name of the warp-range decision: its labels depend on the number of consumer roles."""
+        n = len(self.analysis.heavy)
+        return "roles" if n == 1 else f"roles.{n}"
+
+    def canonical(self, point: Point) -> Point:
+        """The point with its labels resolved to the layouts they name for this seed."""
+        return replace(point, roles=self.split_alias.get(point.roles, point.roles), layout=self.analysis.layout_alias.get(point.layout, point.layout))
+
+    def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
+        return self.analysis.plan(layout, moved)
+
+    def nreg_choices(self, role: str) -> tuple[int, ...]:
+        return self.config.consumer_nreg if role in self.analysis.heavy else self.config.producer_nreg
+
+    def _splits(self) -> dict[str, Split | None]:
+        c, heavy = self.config, self.analysis.heavy
+        consumers = [r.name for r in self.seed.roles if r.name in heavy]
+        out: dict[str, Split | None] = {}
+        seen: dict[tuple, str] = {}
+        own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
+        for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
+            for kind, first in itertools.product(c.producer_kinds, c.producer_first):
+                split = Split(wgs, kind, first)
+                layout = split.place(self.analysis.role_names, heavy)
+                key = (tuple(sorted(layout[0].items())), layout[1])
+                if key not in seen:
+                    seen[key] = split.label
+                    out[split.label] = split
+                self.split_alias[split.label] = seen[key]
+        if own not in seen:
+            out = {SEED: None, **out}
+        self.seed_split = self.split_alias[SEED] = seen.get(own, SEED)
         return out
 
-    def body(self, role: str, layout: str, stages: Sequence[int]) -> tuple[Instr, ...]:
-        acquire, commit = PRODUCER_SYNCS if role == self.producer else CONSUMER_SYNCS
-        out: list[Instr] = []
-        span_index = 0
-        for item in self._spans(self.loop.body(role), layout):
-            if isinstance(item, str):
-                out.append(item)
-                continue
-            pipes, ops = item
-            stage = stages[span_index - 1] if (role == self.producer and span_index) else 0
-            span_index += 1
-            out += [Sync(acquire, p, stage) for p in pipes] + ops + [Sync(commit, p, stage) for p in pipes]
-        return tuple(out)
-
-    def schedule(self, point: Point) -> Schedule:
-        seed = self.seed
-        roles = {r.name: r for r in seed.roles}
-        c_nreg, p_nreg = point.nregs
-        if point.split is None:
-            consumer = Role(self.consumer, roles[self.consumer].warp_lo, roles[self.consumer].warp_hi, c_nreg)
-            producer = Role(self.producer, roles[self.producer].warp_lo, roles[self.producer].warp_hi, p_nreg)
-            num_warps = seed.num_warps
+    def roles(self, label: str, plan: Plan, nregs: Sequence[int]) -> tuple[tuple[Role, ...], int]:
+        """The plan's roles at a split's warp ranges and these budgets, and the warp count."""
+        split = self.splits[label]
+        if split is None:  # the seed's ranges; new roles take the next warps, one each
+            ranges = {r.name: (r.warp_lo, r.warp_hi) for r in self.seed.roles}
+            end = max(hi for _, hi in ranges.values())
+            for i, name in enumerate(plan.roles[len(self.seed.roles) :]):
+                ranges[name] = (end + i, end + i + 1)
+            num_warps = max(self.seed.num_warps, -(-(end + len(plan.roles) - len(self.seed.roles)) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
         else:
-            (clo, chi), (plo, phi) = point.split.ranges()
-            consumer, producer = Role(self.consumer, clo, chi, c_nreg), Role(self.producer, plo, phi, p_nreg)
-            num_warps = point.split.num_warps
-        order = {self.consumer: consumer, self.producer: producer}
-        new_roles = tuple(order.get(r.name, r) for r in seed.roles)
-        pipelines = tuple(
-            Pipeline(name, tuple(b for b, p in self.pipeline_of(point.layout).items() if p == name), depth)
-            for name, depth in zip(self.pipeline_names(point.layout), point.depths)
-        )
-        scopes = []
-        for scope in seed.scopes:
-            if scope.id != self.loop.id:
-                scopes.append(scope)
-                continue
-            bodies = tuple(
-                (role, self.body(role, point.layout, point.stages) if role in (self.producer, self.consumer) else body)
-                for role, body in scope.bodies
-            )
-            scopes.append(Scope(scope.id, bodies))
-        return Schedule(num_warps, new_roles, pipelines, tuple(scopes))
+            ranges, num_warps = split.place(plan.roles, self.analysis.heavy)
+        return tuple(Role(name, *ranges[name], nreg) for name, nreg in zip(plan.roles, nregs)), num_warps
 
-    def seed_point(self, params: tuple[tuple[str, Any], ...]) -> Point:
-        layout = MERGED if len(self.seed.pipelines) == 1 and len(self.buffers) > 1 else SEPARATE
-        roles = {r.name: r for r in self.seed.roles}
-        loop_stages = [i.stage for i in self.loop.body(self.producer) if isinstance(i, Sync) and i.kind == PRODUCER_SYNCS[0]]
-        stages = tuple(s - loop_stages[0] for s in loop_stages[1:]) if layout == SEPARATE else ()
+    def seed_point(self, params: ParamsKey) -> Point:
+        plan = self.plan(self.analysis.seed_layout)
+        depth = {p.name: p.depth for p in self.seed.pipelines}
         return Point(
-            params,
-            None,
-            layout,
-            tuple(p.depth for p in self.seed.pipelines),
-            stages,
-            (roles[self.consumer].max_nreg, roles[self.producer].max_nreg),
-        )
+            params, self.seed_split, plan.layout, tuple(depth[p] for p in plan.varied),
+            self.analysis.seed_stages(plan), tuple(r.max_nreg for r in self.seed.roles),
+        )  # fmt: skip
+
+    @staticmethod
+    def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:
+        """Every decided group's stage, over the choices of each body that keep the seed's dependences."""
+        for combo in itertools.product(*(c.options for c in plan.stage_choices)):
+            yield tuple(itertools.chain.from_iterable(combo))
+
+    def schedule(self, point: Point) -> Schedule | str:
+        point = self.canonical(point)
+        plan = self.plan(point.layout, point.moved)
+        roles, num_warps = self.roles(point.roles, plan, point.nregs)
+        return self.analysis.schedule_for(plan, point.depths, point.stages, roles, num_warps)
 
 
 class ScheduleSpace:
@@ -253,62 +260,76 @@ class ScheduleSpace:
         point_info: Callable[[dict[str, Any]], PointInfo],
         check: Callable[[dict[str, Any], Schedule | None], str | None] = lambda params, schedule: None,
         config: SpaceConfig = SpaceConfig(),
+        check_candidates: bool = True,
     ):
+        """``check``: the kernel's check. It is asked about kernel parameters and
+        role layouts while enumerating, and, with ``check_candidates``, about each
+        whole candidate before it is handed out (a recorded check cannot be)."""
         self.param_grid = {k: tuple(v) for k, v in param_grid.items()}
         self.config = config
         self._point_info = point_info
         self._check = check
-        self._shapes: dict[tuple[tuple[str, Any], ...], SeedShape | str] = {}
+        self._check_candidates = check_candidates
+        self._shapes: dict[ParamsKey, SeedShape | str] = {}
+        self._seeds: dict[tuple, Seed] = {}
+        self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
+        self._register_reasons: dict[tuple, str | None] = {}
+        self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
+        self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
 
     # --- structure ----------------------------------------------------------
-    def param_points(self) -> Iterator[tuple[tuple[str, Any], ...]]:
+    def param_points(self) -> Iterator[ParamsKey]:
         keys = sorted(self.param_grid)
         for values in itertools.product(*(self.param_grid[k] for k in keys)):
             yield tuple(zip(keys, values))
 
-    def shape(self, params: tuple[tuple[str, Any], ...]) -> SeedShape | str:
+    def shape(self, params: ParamsKey) -> SeedShape | str:
         """The seed at a kernel-parameter point, or why that point is out."""
         if params not in self._shapes:
             reason = self._check(dict(params), None)
             if reason:
                 self._shapes[params] = f"kernel: {reason}"
             else:
-                self._shapes[params] = SeedShape(self._point_info(dict(params)))
+                info = self._point_info(dict(params))
+                key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
+                if key not in self._seeds:
+                    self._seeds[key] = Seed(info.seed, info.accesses, info.buffer_kinds, self.config.max_stage_offset)
+                self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
 
-    def splits(self, shape: SeedShape) -> tuple[RoleSplit | None, ...]:
-        if shape.fixed_roles:  # extra roles keep their warps; only the seed's split fits
-            return (None,)
-        c = self.config
-        return tuple(RoleSplit(*s) for s in itertools.product(c.consumer_warpgroups, c.producer_kinds, c.producer_first))
+    def splits(self, shape: SeedShape) -> tuple[str, ...]:
+        return tuple(shape.splits)
+
+    def limits(self) -> list[str]:
+        """What the space keeps as in the seed, and why (every seed seen so far)."""
+        return list(dict.fromkeys(msg for seed in self._seeds.values() for msg in seed.limits))
 
     def axes(self) -> dict[str, tuple[Any, ...]]:
-        c = self.config
-        return {
-            **{f"param.{k}": v for k, v in self.param_grid.items()},
-            "roles": tuple(RoleSplit(*s).label for s in itertools.product(c.consumer_warpgroups, c.producer_kinds, c.producer_first)),
-            "pipelines": c.layouts,
-            "depth": c.depths,
-            "stage_offset": tuple(range(c.max_stage_offset + 1)),
-            "nreg.consumer": c.consumer_nreg,
-            "nreg.producer": c.producer_nreg,
-        }
-
-    def _depth_choices(self, shape: SeedShape, layout: str) -> Iterator[tuple[int, ...]]:
-        return itertools.product(self.config.depths, repeat=len(shape.pipeline_names(layout)))
-
-    def _stage_choices(self, shape: SeedShape, layout: str) -> Iterator[tuple[int, ...]]:
-        spans = len(shape._spans(shape.loop.body(shape.producer), layout))
-        return itertools.product(range(self.config.max_stage_offset + 1), repeat=max(spans - 1, 0))
+        """Every decision and its choices, over the seeds of all kernel-parameter points."""
+        out: dict[str, tuple[Any, ...]] = {f"param.{k}": v for k, v in self.param_grid.items()}
+        for params in self.param_points():
+            shape = self.shape(params)
+            if not isinstance(shape, str):
+                self._decisions(shape, lambda name, options: out.setdefault(name, tuple(options))[0], every=True)
+        return out
 
     # --- enumeration --------------------------------------------------------
     def walk(self, count: SpaceCount | None = None) -> Iterator[tuple[Point, SeedShape]]:
         """Every surviving point; pruned ones are tallied into ``count``."""
-        c = self.config
         count = count if count is not None else SpaceCount()
-        nregs = tuple(itertools.product(c.consumer_nreg, c.producer_nreg))
-        split_reasons: dict[tuple[Any, ...], str | None] = {}
-        register_reasons: dict[tuple[Any, ...], str | None] = {}
+        for params, shape, plan, depths, stages, survivors in self._structures(count):
+            for label, nregs in survivors:
+                yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved), shape
+
+    def count(self) -> SpaceCount:
+        """Sizes before and after pruning; register budgets are counted, not enumerated."""
+        count = SpaceCount()
+        for *_, survivors in self._structures(count):
+            count.kept += len(survivors)
+        return count
+
+    def _structures(self, count: SpaceCount) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
+        """Everything but warp ranges and budgets, each with its surviving (split, nregs)."""
         pruned_params: list[str] = []
         reference: SeedShape | None = None
         for params in self.param_points():
@@ -317,133 +338,265 @@ class ScheduleSpace:
                 pruned_params.append(shape)
                 continue
             reference = reference or shape
-            splits = self.splits(shape)
-            for layout in c.layouts:
-                for depths in self._depth_choices(shape, layout):
-                    stage_sets = tuple(self._stage_choices(shape, layout))
-                    per_stage = len(splits) * len(nregs)
-                    count.total += len(stage_sets) * per_stage
-                    reason = self._smem_reason(shape, layout, depths)
-                    if reason:
-                        count.prune(reason, len(stage_sets) * per_stage)
+            for moved in self._moved_choices(shape):
+                survivors, below = self._role_survivors(params, shape, moved, count)
+                for layout in shape.layouts():
+                    plan = shape.plan(layout, moved)
+                    depth_sets = tuple(itertools.product(self.config.depths, repeat=len(plan.varied)))
+                    if plan.infeasible:  # no stages of some body keep the seed's dependences
+                        count.total += len(depth_sets) * below
+                        count.prune(plan.infeasible, len(depth_sets) * below)
                         continue
-                    for stages in stage_sets:
-                        reason = _stage_reason(stages, depths)
+                    stage_sets = tuple(shape.stage_choices(plan))
+                    fitting = []  # depths within shared memory; the rest are pruned under every stage choice
+                    for depths in depth_sets:
+                        reason = self._smem_reason(shape, plan, depths)
                         if reason:
-                            count.prune(reason, per_stage)
+                            count.prune(reason, below * len(stage_sets))
+                        else:
+                            fitting.append(depths)
+                    for stages in stage_sets:
+                        count.total += len(depth_sets) * below
+                        reason = self._order_reason(shape, plan, stages)
+                        if reason:
+                            count.prune(reason, len(fitting) * below)
                             continue
-                        for split in splits:
-                            key = (params, split)
-                            if key not in split_reasons:
-                                split_reasons[key] = self._split_reason(params, shape, split)
-                            for nreg in nregs:
-                                point = Point(params, split, layout, depths, stages, nreg)
-                                rkey = (split, nreg, params if split is None else None)
-                                if rkey not in register_reasons:
-                                    register_reasons[rkey] = self._register_reason(shape, point)
-                                reason = split_reasons[key] or register_reasons[rkey]
-                                if reason:
-                                    count.prune(reason)
-                                    continue
-                                count.kept += 1
-                                yield point, shape
+                        for depths in fitting:
+                            reason = shape.analysis.deadlock(plan, stages, depths)
+                            if reason:
+                                count.prune(reason, below)
+                                continue
+                            for kind, n in survivors[1].items():
+                                count.prune(survivors[2][kind], n)
+                            yield params, shape, plan, depths, stages, survivors[0]
         # A pruned kernel-parameter point hides the whole schedule space under it.
         under = self._points_under(reference) if reference else 1
         for reason in pruned_params:
             count.total += under
             count.prune(reason, under)
 
-    def _points_under(self, shape: SeedShape) -> int:
-        c = self.config
-        per_layout = sum(
-            len(c.depths) ** len(shape.pipeline_names(layout)) * len(tuple(self._stage_choices(shape, layout)))
-            for layout in c.layouts
-        )
-        return per_layout * len(self.splits(shape)) * len(c.consumer_nreg) * len(c.producer_nreg)
+    def _moved_choices(self, shape: SeedShape) -> Iterator[tuple[str, ...]]:
+        ops = shape.movable
+        for flags in itertools.product((False, True), repeat=len(ops)):
+            yield tuple(op for op, on in zip(ops, flags) if on)
 
-    def count(self) -> SpaceCount:
-        count = SpaceCount()
-        for _ in self.walk(count):
-            pass
-        return count
+    def _nreg_choices(self, shape: SeedShape, plan: Plan) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*(shape.nreg_choices(r) for r in plan.roles))
+
+    def _role_survivors(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...], count: SpaceCount) -> tuple[tuple, int]:
+        """The (split, nregs) pairs that survive, the prune tallies of one pass over
+        them, and how many there are in all (the points below one structure)."""
+        plan = shape.plan(shape.layouts()[0], moved)
+        kept: list[tuple[str, tuple[int, ...]]] = []
+        pruned: Counter = Counter()
+        examples: dict[str, str] = {}
+        total = 0
+        for label in shape.splits:
+            split_reason = self.split_reason(params, shape, label)
+            for nregs in self._nreg_choices(shape, plan):
+                total += 1
+                reason = split_reason or self._register_reason(shape, label, plan, nregs)
+                if reason:
+                    kind = reason.split(":", 1)[0]
+                    pruned[kind] += 1
+                    examples.setdefault(kind, reason)
+                else:
+                    kept.append((label, nregs))
+        return (kept, pruned, examples), total
+
+    def _points_under(self, shape: SeedShape) -> int:
+        n = 0
+        for moved in self._moved_choices(shape):
+            per_structure = len(shape.splits) * len(list(self._nreg_choices(shape, shape.plan(shape.layouts()[0], moved))))
+            for layout in shape.layouts():
+                plan = shape.plan(layout, moved)
+                n += len(self.config.depths) ** len(plan.varied) * len(tuple(shape.stage_choices(plan))) * per_structure
+        return n
 
     def candidates(self) -> Iterator[Candidate]:
-        for point, shape in self.walk():
-            yield Candidate.make(dict(point.params), shape.schedule(point))
+        for point, _ in self.walk():
+            cand = self.candidate(point)
+            if isinstance(cand, Candidate):  # the kernel's check on the whole schedule may still refuse it
+                yield cand
 
     def candidate(self, point: Point) -> Candidate | str:
         """The candidate at a point, or why the point is pruned."""
         shape = self.shape(point.params)
         if isinstance(shape, str):
             return shape
+        point = shape.canonical(point)
+        reason = self._malformed(shape, point)
+        if reason:
+            return reason
+        plan = shape.plan(point.layout, point.moved)
         reason = (
-            self._smem_reason(shape, point.layout, point.depths)
-            or _stage_reason(point.stages, point.depths)
-            or self._split_reason(point.params, shape, point.split)
-            or self._register_reason(shape, point)
+            plan.infeasible
+            or self._smem_reason(shape, plan, point.depths)
+            or self._order_reason(shape, plan, point.stages)
+            or shape.analysis.deadlock(plan, tuple(point.stages), tuple(point.depths))
+            or self.split_reason(point.params, shape, point.roles)
+            or self._register_reason(shape, point.roles, plan, point.nregs)
         )
-        return reason or Candidate.make(dict(point.params), shape.schedule(point))
+        if reason:
+            return reason
+        schedule = shape.schedule(point)
+        if isinstance(schedule, str):
+            return schedule
+        reason = self._check(dict(point.params), schedule) if self._check_candidates else None
+        return f"kernel: {reason}" if reason else Candidate.make(dict(point.params), schedule)
 
-    def seed_candidate(self, params: tuple[tuple[str, Any], ...]) -> Candidate | str:
+    def seed_point(self, params: ParamsKey) -> Point | str:
+        shape = self.shape(params)
+        return shape if isinstance(shape, str) else shape.seed_point(params)
+
+    def seed_candidate(self, params: ParamsKey) -> Candidate | str:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else Candidate.make(dict(params), shape.seed)
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
         """A point picked one decision at a time (define-by-run, for Optuna).
 
-        Names and choice lists are fixed, so samplers see a stable space.
+        Names and choice lists depend only on the seed, so samplers see a stable space.
         """
-        c = self.config
         params = tuple(sorted((k, choose(f"param.{k}", v)) for k, v in self.param_grid.items()))
         shape = self.shape(params)
         if isinstance(shape, str):  # pruned kernel parameters: nothing below them to decide
-            return Point(params, None, MERGED, (), (), (0, 0))
-        labels = {s.label if s else "seed": s for s in self.splits(shape)}
-        split = labels[choose("roles", tuple(labels))]
-        layout = choose("pipelines", c.layouts)
-        depths = tuple(choose(f"depth.{i}", c.depths) for i in range(len(shape.pipeline_names(layout))))
-        nspans = len(shape._spans(shape.loop.body(shape.producer), layout))
-        stages = tuple(choose(f"stage.{i}", tuple(range(c.max_stage_offset + 1))) for i in range(1, nspans))
-        nregs = (choose("nreg.consumer", c.consumer_nreg), choose("nreg.producer", c.producer_nreg))
-        return Point(params, split, layout, depths, stages, nregs)
+            return Point(params)
+        return self._decisions(shape, choose, params=params)
+
+    def random_point(self, rng: random.Random, tries: int = 200) -> Point | None:
+        """A point that passes every static rule, drawn level by level among the
+        choices that survive (for exploring a space where most random decisions
+        are pruned); None if ``tries`` draws found none."""
+        valid = [p for p in self.param_points() if not isinstance(self.shape(p), str)]
+        for _ in range(tries if valid else 0):
+            params = rng.choice(valid)
+            shape = self.shape(params)
+            assert not isinstance(shape, str)
+            moved = tuple(op for op in shape.movable if rng.random() < 0.5)
+            kept = self._survivors_of(params, shape, moved)
+            plan = shape.plan(rng.choice(shape.layouts()), moved)
+            fitting = self._fitting_depths(shape, plan)
+            if not kept or plan.infeasible or not fitting:
+                continue
+            depths = rng.choice(fitting)
+            stages = tuple(itertools.chain.from_iterable(rng.choice(c.options) for c in plan.stage_choices))
+            label, nregs = rng.choice(kept)
+            point = Point(params, label, plan.layout, depths, stages, nregs, moved)
+            if isinstance(self.candidate(point), Candidate):
+                return point
+        return None
+
+    def decisions(self, point: Point) -> dict[str, Any]:
+        """The sampler's decisions that give this point (``sample`` in reverse)."""
+        shape = self.shape(point.params)
+        wanted = dict(point.params)
+        made: dict[str, Any] = {}
+
+        def choose(name: str, options: Sequence[Any]) -> Any:
+            options = tuple(options)
+            if name.startswith("param."):
+                value = wanted[name[len("param.") :]]
+            elif name.startswith("roles"):
+                value = point.roles
+            elif name == "pipelines":
+                value = point.layout
+            elif name.startswith("own_role."):
+                value = name[len("own_role.") :] in point.moved
+            else:
+                value = self._numbers(shape, point)[name]
+            made[name] = value if value in options else options[0]
+            return made[name]
+
+        self.sample(choose)
+        return made
+
+    @staticmethod
+    def _numbers(shape: SeedShape | str, point: Point) -> dict[str, Any]:
+        """Depth, stage and budget decisions of a point, by name."""
+        assert not isinstance(shape, str)
+        plan = shape.plan(point.layout, point.moved)
+        out: dict[str, Any] = {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
+        out.update({f"nreg.{r}": n for r, n in zip(plan.roles, point.nregs)})
+        stages = iter(point.stages)
+        for choice in plan.stage_choices:
+            out[choice.name] = choice.label(tuple(next(stages) for _ in choice.groups))
+        return out
+
+    def _survivors_of(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        key = (params, moved)
+        if key not in self._survivors:
+            self._survivors[key] = self._role_survivors(params, shape, moved, SpaceCount())[0][0]
+        return self._survivors[key]
+
+    def _fitting_depths(self, shape: SeedShape, plan: Plan) -> list[tuple[int, ...]]:
+        key = (id(shape), plan)
+        if key not in self._fitting:
+            depths = itertools.product(self.config.depths, repeat=len(plan.varied))
+            self._fitting[key] = [d for d in depths if not self._smem_reason(shape, plan, d)]
+        return self._fitting[key]
+
+    def _decisions(self, shape: SeedShape, choose: Callable[[str, Sequence[Any]], Any], params: ParamsKey = (), every: bool = False) -> Point:
+        """The decisions below the kernel parameters, in a fixed order. ``every``:
+        offer every name of every plan (to list the axes), not one path."""
+        c = self.config
+        roles = shape.split_alias[choose(shape.roles_decision, tuple(shape.split_alias))]
+        moved = tuple(op for op in shape.movable if choose(f"own_role.{op}", (False, True)))
+        layout = shape.analysis.layout_alias[choose("pipelines", shape.layout_labels())]
+        plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv in self._moved_choices(shape)] if every else [shape.plan(layout, moved)]
+        for plan in plans:
+            depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
+            stages: tuple[int, ...] = ()
+            for choice in plan.stage_choices:
+                by_label = {choice.label(o): o for o in choice.options}
+                stages += by_label[choose(choice.name, tuple(by_label))]
+            nregs = tuple(choose(f"nreg.{r}", shape.nreg_choices(r)) for r in plan.roles)
+        return Point(params, roles, layout, depths, stages, nregs, moved)
 
     # --- static rules -------------------------------------------------------
-    def _smem_reason(self, shape: SeedShape, layout: str, depths: tuple[int, ...]) -> str | None:
-        sizes = shape.info.shared_bytes
-        mapping = shape.pipeline_of(layout)
-        depth_of = dict(zip(shape.pipeline_names(layout), depths))
-        total = sum(size * (depth_of[mapping[b]] if b in mapping else 1) for b, size in sizes.items())
-        total += BARRIER_BYTES * sum(depths)
+    def _malformed(self, shape: SeedShape, point: Point) -> str | None:
+        if point.roles not in shape.splits or point.layout not in shape.analysis.layouts or not set(point.moved) <= {m.op for m in shape.analysis.movable}:
+            return f"point: unknown roles {point.roles!r}, pipelines {point.layout!r} or moved ops {point.moved} for this seed"
+        plan = shape.plan(point.layout, point.moved)
+        if (len(point.depths), len(point.stages), len(point.nregs)) != (len(plan.varied), len(plan.groups), len(plan.roles)):
+            return "point: its depths, stages or budgets do not match its plan"
+        return None
+
+    def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
+        depth_of = plan.depth_of(depths)
+        depth = {b: depth_of[p.name] for p in plan.pipelines for b in p.buffers}
+        total = sum(size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items())
+        total += BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
             return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block"
         return None
 
-    def _split_reason(self, params: tuple[tuple[str, Any], ...], shape: SeedShape, split: RoleSplit | None) -> str | None:
-        if split is None:
+    def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:
+        bodies = shape.analysis.bodies(plan, tuple(stages))
+        return bodies if isinstance(bodies, str) else None
+
+    def split_reason(self, params: ParamsKey, shape: SeedShape, label: str) -> str | None:
+        """Why a role layout cannot serve these kernel parameters (threads, the kernel's check)."""
+        key = (params, label)
+        if key not in self._split_reasons:
+            self._split_reasons[key] = self._split_reason(params, shape, label)
+        return self._split_reasons[key]
+
+    def _split_reason(self, params: ParamsKey, shape: SeedShape, label: str) -> str | None:
+        if shape.splits.get(label) is None:
             return None
-        if split.num_warps * THREADS_PER_WARP > MAX_THREADS:
-            return f"threads: {split.num_warps * THREADS_PER_WARP} > {MAX_THREADS} per block"
-        (clo, chi), _ = split.ranges()
-        if clo % WARPS_PER_GROUP or (chi - clo) % WARPS_PER_GROUP:
-            return f"alignment: consumer warps [{clo},{chi}) are not whole warpgroups (wgmma)"
-        reason = self._check(dict(params), shape.schedule(Point(params, split, MERGED, (1,), (), (0, 0))))
+        roles, num_warps = shape.roles(label, shape.plan(shape.layouts()[0]), [r.max_nreg for r in shape.seed.roles])
+        if num_warps * THREADS_PER_WARP > MAX_THREADS:
+            return f"threads: {num_warps * THREADS_PER_WARP} > {MAX_THREADS} per block"
+        reason = self._check(dict(params), shape.seed.with_(num_warps=num_warps, roles=roles))
         return f"kernel: {reason}" if reason else None
 
-    def _register_reason(self, shape: SeedShape, point: Point) -> str | None:
-        return register_reason(shape.schedule(point) if point.split is None else _roles_only(shape, point))
-
-
-def _stage_reason(stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
-    bad = next((s for s in stages if s >= min(depths)), None)
-    return None if bad is None else f"stage: producer span offset {bad} >= pipeline depth {min(depths)}"
-
-
-def _roles_only(shape: SeedShape, point: Point) -> Schedule:
-    """Enough of the schedule to check registers, without rebuilding scope bodies."""
-    (clo, chi), (plo, phi) = point.split.ranges()  # type: ignore[union-attr]
-    c_nreg, p_nreg = point.nregs
-    roles = (Role(shape.consumer, clo, chi, c_nreg), Role(shape.producer, plo, phi, p_nreg)) + shape.fixed_roles
-    return Schedule(point.split.num_warps, roles, ())  # type: ignore[union-attr]
+    def _register_reason(self, shape: SeedShape, label: str, plan: Plan, nregs: tuple[int, ...]) -> str | None:
+        key = (id(shape.analysis), label, plan.roles, nregs, shape.seed.num_warps if label == SEED else 0)
+        if key not in self._register_reasons:
+            roles, num_warps = shape.roles(label, plan, nregs)
+            self._register_reasons[key] = register_reason(Schedule(num_warps, roles, ()))
+        return self._register_reasons[key]
 
 
 def register_reason(schedule: Schedule) -> str | None:

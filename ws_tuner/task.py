@@ -94,7 +94,8 @@ class Task:
         return PointInfo(
             seed=seed,
             shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
-            op_buffers=compiler.op_buffers(prepared),
+            accesses=compiler.op_accesses(prepared),
+            buffer_kinds=compiler.buffer_kinds(prepared),
         )
 
     @functools.cached_property
@@ -104,6 +105,7 @@ class Task:
             point_info=self.point_info,
             check=self.check,
             config=self.space_config,
+            check_candidates=self.recorded is None,
         )
 
     def check(self, params: dict[str, Any], schedule: Any) -> str | None:
@@ -167,7 +169,7 @@ def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None,
             continue
         if not isinstance(shape, str):
             for split in space.splits(shape):
-                space._split_reason(point, shape, split)
+                space.split_reason(point, shape, split)
     recorded = Recorded(infos, checks, tuple(spec.vendor_names(task.problem)))
     return dataclasses.replace(task, spec=dataclasses.replace(spec, module=None), recorded=recorded)
 

@@ -165,7 +165,7 @@ def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k
     for other_id, other in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, device=key.device):
         if other_id == workload_id:
             continue
-        distance = _problem_distance(task.problem, json.loads(other.problem))
+        distance = task.spec.problem_distance(task.problem, json.loads(other.problem))
         if distance is not None and (best is None or distance < best[0]):
             top = store.top_k(workload_id=other_id, k=k)
             if top:
@@ -173,9 +173,3 @@ def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k
     space = task.space()
     return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS and not isinstance(space.shape(t.candidate.params), str)] if best else []
 
-
-def _problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float | None:
-    """Log-distance between problems that differ only in sizes; None if not comparable."""
-    if set(a) != set(b) or any(a[k] != b[k] for k in a if not isinstance(a[k], (int, float))):
-        return None
-    return sum(abs(math.log2(max(a[k], 1)) - math.log2(max(b[k], 1))) for k in a if isinstance(a[k], (int, float)))

@@ -59,9 +59,21 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, exam
 def test_space_prints_axes_and_counts(example_path):
     proc = ws_tune("space", str(example_path), "--shape", SHAPE)
     assert proc.returncode == 0, proc.stderr
-    assert "nreg.consumer" in proc.stdout and "pipelines" in proc.stdout
+    assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
     before, after = map(int, __import__("re").search(r"candidates: (\d+) before pruning, (\d+) after", proc.stdout).groups())
     assert before > after > 10_000
+
+
+def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
+    proc = ws_tune("space", str(data_dir / "single_shot.py"), "--shape", "M=1024,N=1024")
+    assert proc.returncode == 0, proc.stderr
+    assert "kept as in the seed: pipeline layout, depths and stages: no pipeline synchronizes a loop" in proc.stderr
+
+
+def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
+    proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
+    assert proc.returncode == 0, proc.stderr
+    assert "stage.consumer.k/v" in proc.stdout and "depth.k" in proc.stdout
 
 
 @pytest.mark.slow

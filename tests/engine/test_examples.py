@@ -278,7 +278,6 @@ def test_more_variants_compile(fresh_cache):
     assert not failed and len(results) == 10
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9, item 8: the schedule space cannot vary seeds with a root-scope pipeline yet (branch space)")
 def test_compile_only_tuning_measures_the_attention_seed(tmp_path, fresh_cache):
     import sys
 

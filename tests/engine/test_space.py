@@ -1,17 +1,47 @@
-"""The schedule space: the four axes, static pruning with reasons, and seeds."""
+"""The schedule space: its decisions, static pruning with reasons, and seeds of
+every shape the verifier accepts (a root-scope pipeline, a role chain, two
+consumer roles, an op moved to a role of its own, a seed it cannot vary).
+
+Every WS candidate these tests generate goes through tilelang's real
+MaterializeWSSchedule verifier: the CPU's stand-in for "not rejected"."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
-from ws_tuner.kernel import load_kernel
-from ws_tuner.schedule import Role, Schedule
-from ws_tuner.space import MERGED, SEPARATE, Point, RoleSplit, SpaceConfig, register_reason
+from ws_tuner.kernel import KernelFileError, load_kernel
+from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
+from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig, register_reason
 from ws_tuner.task import Task
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMM_PARAMS = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
+# The seed shapes of the issue, as small kernels of their own (tests/data), and the problems they run at.
+SEEDS = {
+    "flash_fwd.py": "S=1024",  # producer warp + consumer warpgroups, Q in a root-scope pipeline, V a stage behind K
+    "two_consumers.py": "M=1024,N=1024,K=1024",  # two consumer roles, each with its own pipelines
+    "chain_gemm.py": "M=1024,N=1024,K=1024",  # plain kernel: role_based gives Load -> Worker -> Store
+    "persistent_epilogue.py": "M=1024,N=1024,K=1024",  # an epilogue store that can get a role of its own
+    "single_shot.py": "M=1024,N=1024",  # nothing in a loop: the space says what it keeps
+    "plain_gemm.py": "M=1024,N=1024,K=1024",
+}
+
+
+def task_of(path: Path | str, shape: str, config: SpaceConfig | None = None) -> Task:
+    spec = load_kernel(path)
+    return Task.make(spec, spec.parse_problem(shape), space_config=config)
+
+
+def verify(task: Task, cand: Candidate) -> None:
+    func, _ = task.lowered(cand)
+    compiler.verify(func)
 
 
 @pytest.fixture(scope="module")
@@ -24,44 +54,61 @@ def count(space):
     return space.count()
 
 
+@pytest.fixture(scope="module")
+def seeds(data_dir):
+    """name -> task of each seed-shape test kernel."""
+    return {name: task_of(data_dir / name, shape) for name, shape in SEEDS.items()}
+
+
+# --- the GEMM example --------------------------------------------------------
+
+
 def test_counts_before_and_after_pruning(count):
     assert count.total > count.kept >= 10_000
     assert sum(count.pruned.values()) == count.total - count.kept
     # Each static rule fires on this space and says why.
-    assert {"smem", "registers", "nreg", "kernel", "stage"} <= set(count.pruned)
+    assert {"smem", "registers", "kernel", "deadlock"} <= set(count.pruned)
     assert "KB" in count.examples["smem"] and "65536" in count.examples["registers"]
 
 
-def test_all_four_axes_vary(gemm_spec):
+def test_count_agrees_with_walk(seeds):
+    space = seeds["chain_gemm.py"].space()
+    count = space.count()
+    assert count.kept == sum(1 for _ in space.walk())
+
+
+def test_all_axes_vary(gemm_spec):
     # M=3072 admits block_M=192, the one tile three consumer warpgroups can split.
-    space = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096")).space()
-    seen = {"split": set(), "layout": set(), "depth": set(), "stage": set(), "nreg": set()}
+    grid = {**gemm_spec.params, "mma": ("sync",), "swizzle": (8,)}
+    space = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096"), grid).space()
+    seen: dict[str, set] = {"roles": set(), "layout": set(), "depths": set(), "stages": set(), "nregs": set()}
     for point, _ in space.walk():
-        seen["split"].add(point.split)
-        seen["layout"].add(point.layout)
-        seen["depth"].add(point.depths)
-        seen["stage"].add(point.stages)
-        seen["nreg"].add(point.nregs)
-    warpgroups = {s.consumer_warpgroups for s in seen["split"]}
-    assert warpgroups == {1, 2, 3}
-    assert {s.producer for s in seen["split"]} == {"warp", "warpgroup"}
+        for axis in seen:
+            seen[axis].add(getattr(point, axis))
+    assert {label.split("xWG")[0] for label in seen["roles"]} == {"1", "2", "3"}
+    assert any("warpgroup" in label for label in seen["roles"]) and any("+warp@" in label for label in seen["roles"])
     assert seen["layout"] == {MERGED, SEPARATE}
-    assert any(len(d) == 2 and d[0] != d[1] for d in seen["depth"])  # per-pipeline depths
-    assert any(s and s[0] > 0 for s in seen["stage"])  # a producer span offset
-    assert len(seen["nreg"]) > 10
+    assert any(len(d) == 2 and d[0] != d[1] for d in seen["depths"])  # per-pipeline depths
+    assert {(0, 1), (1, 0)} <= seen["stages"]  # either producer span behind the other
+    assert len(seen["nregs"]) > 10
 
 
 def test_separate_pipelines_rewrite_the_spans(space, gemm_task):
-    point = next(p for p, _ in space.walk() if p.layout == SEPARATE and p.stages == (1,) and p.depths == (3, 4))
+    shape = space.shape(GEMM_PARAMS)
+    point = Point(GEMM_PARAMS, "2xWG+warp@last", SEPARATE, (3, 4), (0, 1), (232, 40))
     cand = space.candidate(point)
     sched = cand.schedule
-    assert [p.name for p in sched.pipelines] == ["A_shared", "B_shared"]
+    assert [p.name for p in sched.pipelines] == ["A_shared", "B_shared"]  # named after their buffers
     producer = sched.scopes[0].body("Producer")
-    stages = [i.stage for i in producer if not isinstance(i, str)]
-    assert stages == [0, 0, 1, 1]
-    # And tilelang's verifier accepts the rewritten schedule.
-    prepared, _ = compiler.prepare(gemm_task.primfunc(cand.param_dict))
-    compiler.verify(compiler.attach(prepared, sched))
+    assert [(i.kind, i.pipeline, i.stage) for i in producer if isinstance(i, Sync)] == [
+        ("PRODUCER_ACQUIRE", "A_shared", 0), ("PRODUCER_COMMIT", "A_shared", 0),
+        ("PRODUCER_ACQUIRE", "B_shared", 1), ("PRODUCER_COMMIT", "B_shared", 1),
+    ]  # fmt: skip
+    # The consumer's mma reads both: one span of each around it, never two spans of one pipeline.
+    consumer = sched.scopes[0].body("Consumer")
+    assert sum(isinstance(i, Sync) and i.kind == "CONSUMER_WAIT" for i in consumer) == 2
+    assert [c.name for c in shape.plan(SEPARATE).stage_choices] == ["stage.Producer.A_shared/B_shared"]
+    verify(gemm_task, cand)
 
 
 def test_random_survivors_pass_the_real_verifier(space, gemm_task):
@@ -70,20 +117,19 @@ def test_random_survivors_pass_the_real_verifier(space, gemm_task):
     for point in rng.sample(points, 8):
         cand = space.candidate(point)
         assert isinstance(cand, Candidate)
-        prepared, _ = compiler.prepare(gemm_task.primfunc(cand.param_dict))
-        compiler.verify(compiler.attach(prepared, cand.schedule))
+        verify(gemm_task, cand)
 
 
 def test_every_rule_names_its_reason(space, gemm_spec):
-    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
-    two_wg = RoleSplit(2, "warp", False)
-    assert space.candidate(Point(params, two_wg, MERGED, (3,), (), (232, 40))).hash
-    assert space.candidate(Point(params, two_wg, MERGED, (6,), (), (232, 40))).startswith("smem:")
-    assert space.candidate(Point(params, two_wg, MERGED, (3,), (), (256, 40))).startswith("nreg:")
-    assert space.candidate(Point(params, RoleSplit(2, "warpgroup", False), MERGED, (3,), (), (240, 56))).startswith("registers:")
-    assert space.candidate(Point(params, two_wg, SEPARATE, (1, 3), (1,), (232, 40))).startswith("stage:")
-    assert space.candidate(Point(params, RoleSplit(3, "warp", False), MERGED, (3,), (), (160, 40))).startswith("kernel:")
-    odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
+    two_wg = "2xWG+warp@last"
+    assert space.candidate(Point(GEMM_PARAMS, two_wg, MERGED, (3,), (), (232, 40))).hash
+    assert space.candidate(Point(GEMM_PARAMS, two_wg, MERGED, (6,), (), (232, 40))).startswith("smem:")
+    assert space.candidate(Point(GEMM_PARAMS, two_wg, MERGED, (3,), (), (256, 40))).startswith("nreg:")
+    assert space.candidate(Point(GEMM_PARAMS, "2xWG+warpgroup@last", MERGED, (3,), (), (240, 56))).startswith("registers:")
+    assert space.candidate(Point(GEMM_PARAMS, two_wg, SEPARATE, (1, 3), (0, 1), (232, 40))).startswith("deadlock:")
+    assert space.candidate(Point(GEMM_PARAMS, "3xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("kernel:")
+    assert space.candidate(Point(GEMM_PARAMS, "9xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("point:")
+    odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
     assert "not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
         Point(odd, two_wg, MERGED, (3,), (), (232, 40))
     )
@@ -97,13 +143,15 @@ def test_register_rules_on_hand_written_schedules():
     assert "different max_nreg" in register_reason(sched(Role("c", 0, 6, 232), Role("p", 6, 8, 40)))
     assert "outside" in register_reason(sched(Role("c", 0, 16, 232)))
     assert "65536" in register_reason(sched(Role("c", 0, 8, 248), Role("p", 8, 12, 56)))
+    # The pool is per warpgroup of 128 threads: three consumer warpgroups at 152 and a producer one at 40 fit; at 160 they do not.
+    assert register_reason(sched(Role("c", 0, 12, 152), Role("p", 12, 13, 40), warps=16)) is None
+    assert "66560" in register_reason(sched(Role("c", 0, 12, 160), Role("p", 12, 13, 40), warps=16))
 
 
-def test_threads_and_alignment_rules(space):
-    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("persistent", False), ("swizzle", 0))
-    shape = space.shape(params)
-    wide = RoleSplit(8, "warpgroup", False)  # 36 warps: 1152 threads
-    assert space._split_reason(params, shape, wide).startswith("threads:")
+def test_threads_rule(gemm_spec):
+    space = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), space_config=SpaceConfig(consumer_warpgroups=(8,))).space()
+    shape = space.shape(GEMM_PARAMS)
+    assert space.split_reason(GEMM_PARAMS, shape, "8xWG+warpgroup@last").startswith("threads:")  # 36 warps: 1152 threads
 
 
 def test_config_rejects_budgets_that_are_not_multiples_of_8():
@@ -111,31 +159,230 @@ def test_config_rejects_budgets_that_are_not_multiples_of_8():
         SpaceConfig(consumer_nreg=(230,))
 
 
-def test_plain_kernel_is_seeded_by_role_based(data_dir):
-    spec = load_kernel(data_dir / "plain_gemm.py")
-    task = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024"))
+def test_sample_is_define_by_run_with_fixed_choices(space, seeds):
+    for sp in (space, *(t.space() for t in seeds.values())):
+        rng = random.Random(0)
+        names: dict[str, tuple] = {}
+
+        def choose(name, options):
+            options = tuple(options)
+            assert names.setdefault(name, options) == options  # a name always offers the same choices
+            return rng.choice(options)
+
+        kept = sum(isinstance(sp.candidate(sp.sample(choose)), Candidate) for _ in range(150))
+        assert kept > 5
+
+
+# --- the seed is a point of its space -----------------------------------------
+
+
+def _kernel_files() -> list[Path]:
+    return sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+
+
+def _seeded(path: Path):
+    """(spec, problem) of a kernel file with a schedule to vary, else None."""
+    try:
+        spec = load_kernel(path)
+    except KernelFileError:
+        return None  # not a kernel file (a test module, a deliberately broken file)
+    required = {k: 1024 for k, v in spec.problem_defaults.items() if v is None}
+    try:
+        return spec, spec.parse_problem(required)
+    except KernelFileError:
+        return None
+
+
+KERNEL_FILES = [p for p in _kernel_files() if _seeded(p)]
+
+
+def test_every_kernel_file_is_found():
+    names = {p.name for p in KERNEL_FILES}
+    assert {"gemm.py", "flash_fwd.py", "two_consumers.py", "chain_gemm.py", "persistent_epilogue.py"} <= names
+
+
+@pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_seed_point_is_the_seed(path, data):
+    """Rebuilding the seed's own point gives back its schedule, names and hash."""
+    spec, problem = _seeded(path)
+    space = Task.make(spec, problem).space()
+    params = data.draw(st.sampled_from(list(space.param_points())), label="params")
+    try:
+        shape = space.shape(params)
+    except compiler.CompilerError as exc:  # no seed at all (role_based finds nothing to specialize)
+        assert "role_based" in str(exc) or "failed" in str(exc)
+        return
+    if isinstance(shape, str):
+        return  # the kernel's check refuses these parameters
+    seed = space.seed_candidate(params)
+    point = space.seed_point(params)
+    assert shape.schedule(point) == seed.schedule
+    cand = space.candidate(point)
+    if isinstance(cand, Candidate):  # unless the seed breaks a static rule itself
+        assert cand.hash == seed.hash and cand.canonical() == seed.canonical()
+
+
+def test_the_seed_point_is_in_the_walk(space, gemm_task):
+    seed = space.seed_candidate(GEMM_PARAMS)
+    assert seed.hash in {space.candidate(p).hash for p, _ in space.walk() if p.params == GEMM_PARAMS}
+
+
+# --- seeds of every shape --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_sampled_candidates_pass_the_verifier(seeds, name):
+    """Every candidate the space generates is accepted by MaterializeWSSchedule; prints the tallies."""
+    task = seeds[name]
     space = task.space()
-    seed = space.seed_candidate((("block_K", 64), ("block_M", 128), ("block_N", 256)))
-    roles = {r.name: (r.warp_lo, r.warp_hi, r.max_nreg) for r in seed.schedule.roles}
-    assert roles == {"Worker": (0, 8, 240), "Load": (8, 9, 24)}
+    rng = random.Random(1)
+    hashes: set[str] = set()
+    pruned = 0
+    for _ in range(400):
+        cand = space.candidate(space.sample(lambda n, options: rng.choice(tuple(options))))
+        if isinstance(cand, str):
+            pruned += 1
+        elif cand.hash not in hashes:
+            hashes.add(cand.hash)
+            verify(task, cand)  # raises ScheduleRejected on a rejection
+        if len(hashes) == 12:
+            break
     count = space.count()
-    assert count.kept > 1000
-    cand = next(space.candidates())
-    prepared, _ = compiler.prepare(task.primfunc(cand.param_dict))
-    compiler.verify(compiler.attach(prepared, cand.schedule))
+    print(f"{name}: {count.total} points, {count.kept} after pruning; sampled {len(hashes)} verified, 0 rejected, {pruned} pruned")
+    assert len(hashes) >= 6
 
 
-def test_sample_is_define_by_run_with_fixed_choices(space):
-    rng = random.Random(0)
-    names: dict[str, tuple] = {}
+def test_root_scope_pipeline_keeps_its_name_and_body(seeds):
+    space = seeds["flash_fwd.py"].space()
 
-    def choose(name, options):
-        options = tuple(options)
-        assert names.setdefault(name, options) == options  # a name always offers the same choices
-        return rng.choice(options)
+    def root(schedule):
+        return next(s for s in schedule.scopes if s.id == ROOT_SCOPE)
 
-    kept = 0
-    for _ in range(300):
-        cand = space.candidate(space.sample(choose))
-        kept += isinstance(cand, Candidate)
-    assert kept > 20
+    for point, shape in space.walk():
+        sched = shape.schedule(point)
+        assert "q" in [p.name for p in sched.pipelines]
+        assert root(sched) == root(shape.seed)
+
+
+def _consumer_body(space, mma, layout, stages):
+    params = (("block_N", 64), ("mma", mma))
+    seed = space.seed_point(params)
+    depths = (2,) * len(space.shape(params).plan(layout).varied)
+    cand = space.candidate(Point(params, seed.roles, layout, depths, stages, seed.nregs))
+    return cand if isinstance(cand, str) else cand.schedule.scopes[0].body("consumer")
+
+
+def test_consumer_stage_offsets_move_the_ops_that_read_the_span(seeds):
+    space = seeds["flash_fwd.py"].space()
+    seed = space.seed_candidate((("block_N", 64), ("mma", "sync"))).schedule.scopes[0].body("consumer")
+    # Stage order: producer k, producer v, consumer k, consumer v. The seed has v one stage behind k.
+    assert _consumer_body(space, "sync", SEPARATE, (0, 0, 0, 1)) == seed
+    assert seed.index("softmax") > seed.index("pv")
+    # v back at k's stage: pv reads what this iteration's softmax writes, so softmax moves before it.
+    same = _consumer_body(space, "sync", SEPARATE, (0, 0, 0, 0))
+    assert same.index("softmax") < same.index("pv")
+    assert [i.stage for i in same if isinstance(i, Sync)] == [0, 0, 0, 0]
+    verify(seeds["flash_fwd.py"], space.candidate(Point((("block_N", 64), ("mma", "sync")), "2xWG+warp@first", SEPARATE, (2, 2), (0, 0, 0, 0), (24, 240))))
+    # Two stages behind would have pv read a softmax result two iterations old: refused.
+    assert _consumer_body(space, "sync", SEPARATE, (0, 0, 0, 2)).startswith("order:")
+    # k behind v: softmax would read an acc_s the qk of its iteration has not written.
+    assert _consumer_body(space, "sync", SEPARATE, (0, 0, 1, 0)).startswith("order:")
+
+
+def test_async_mma_waits_stay_where_the_seed_put_them(seeds):
+    """With async wgmma, a wait retires what was issued before it: moving pv against
+    qk would change what it retires, so the consumer's stages are pinned (no decision),
+    and the releases stay after the wait."""
+    space = seeds["flash_fwd.py"].space()
+    plan = space.shape((("block_N", 64), ("mma", "async"))).plan(SEPARATE)
+    assert [c.name for c in plan.stage_choices] == ["stage.producer.k/v"]
+    assert {g.pipelines: g.fixed for _, groups in plan.body_groups for g in groups if g.role == "consumer"} == {("k",): 0, ("v",): 1}
+    assert _consumer_body(space, "async", MERGED, ()).startswith("order:")  # one span for k and v: pv would move
+    body = _consumer_body(space, "async", SEPARATE, (1, 0))  # the producer may still move
+    assert body.index("mma_wait") < body.index(Sync("CONSUMER_RELEASE", "k", 0))
+    assert body.index("mma_wait") < body.index(Sync("CONSUMER_RELEASE", "v", 1))
+
+
+def test_two_consumer_roles_each_varied_pipelines_kept_apart(seeds):
+    task = seeds["two_consumers.py"]
+    space = task.space()
+    shape = space.shape(next(space.param_points()))
+    assert "1xWG,2xWG+warp@last" in shape.splits  # each consumer role sized on its own
+    merged = shape.plan(MERGED)
+    assert [p.name for p in merged.pipelines] == ["a_up_b_up", "a_lo_b_lo"]  # one per channel, never shared
+    rng = random.Random(3)
+    for _ in range(60):
+        point = space.sample(lambda n, options: rng.choice(tuple(options)))
+        cand = space.candidate(point)
+        if isinstance(cand, str):
+            continue
+        sched = cand.schedule
+        loop = sched.scopes[0]
+        upper = {i.pipeline for i in loop.body("upper") if isinstance(i, Sync)}
+        lower = {i.pipeline for i in loop.body("lower") if isinstance(i, Sync)}
+        assert upper and lower and not upper & lower
+
+
+def test_role_chain_varies_both_links(seeds):
+    space = seeds["chain_gemm.py"].space()
+    params = next(space.param_points())
+    shape = space.shape(params)
+    assert set(shape.analysis.heavy) == {"Worker"}
+    assert space.seed_point(params).roles == "2xWG+warp@last"  # Worker [0,8), Load [8,9), Store [9,10)
+    plan = shape.plan(SEPARATE)
+    assert plan.varied == ("A_s", "B_s")
+    assert "C_s" in [p.name for p in plan.pipelines]  # the Worker -> Store link, in the root scope, kept
+    merged = space.candidate(Point(params, "2xWG+warp@last", MERGED, (4,), (), (240, 24, 24)))
+    assert [p.name for p in merged.schedule.pipelines] == ["A_s_B_s", "C_s"]
+    verify(seeds["chain_gemm.py"], merged)
+
+
+def test_an_epilogue_can_get_a_role_of_its_own(seeds):
+    task = seeds["persistent_epilogue.py"]
+    space = task.space()
+    params = next(space.param_points())
+    shape = space.shape(params)
+    assert shape.movable == ("store_out",)
+    point = Point(params, "2xWG+warp@last", MERGED, (3, 2), (), (232, 40, 40), ("store_out",))
+    cand = space.candidate(point)
+    roles = {r.name: (r.warp_lo, r.warp_hi) for r in cand.schedule.roles}
+    assert roles["store_out"] == (9, 10)
+    tiles = next(s for s in cand.schedule.scopes if s.id == "loop_tiles")
+    assert tiles.body("store_out") == ("tile", Sync("CONSUMER_WAIT", "C_shared"), "store_out", Sync("CONSUMER_RELEASE", "C_shared"), "next")
+    assert "store_out" not in tiles.body("Consumer")
+    verify(task, cand)
+    # Its buffer is now versioned: shared memory counts it once per stage.
+    assert space.candidate(Point(params, "2xWG+warp@last", MERGED, (5, 3), (), (232, 40, 40), ("store_out",))).startswith("smem:")
+
+
+def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
+    space = seeds["single_shot.py"].space()
+    count = space.count()
+    assert count.kept > 0
+    assert any("no pipeline synchronizes a loop" in note for note in space.limits())
+    params = next(space.param_points())
+    assert space.candidate(space.seed_point(params)).hash == space.seed_candidate(params).hash
+
+
+def test_tuning_attention_generates_no_rejected_candidate(open_db, tmp_path):
+    """TPE over the attention example (both MMA forms, cooperative and ping-pong
+    consumers) through the tuner, with the real verifier: nothing is REJECTED."""
+    from ws_tuner import search
+    from ws_tuner.result import Status
+    from ws_tuner.testing import DummyRunner, VerifyOnlyBuilder
+    from ws_tuner.tune import SEARCH, TuneOptions, Tuner
+
+    spec = load_kernel(ROOT / "examples" / "attention.py")
+    grid = {**spec.params, "block_M": (128,), "block_N": (128,), "stages": (2,)}
+    task = Task.make(spec, spec.parse_problem("B=1,H=2,S=1024,D=128"), grid)
+    store = open_db(f"sqlite:///{tmp_path / 'tune.db'}")
+    tuner = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("tpe", seed=2),
+                  options=TuneOptions(budget=30, confirm_top=0))  # fmt: skip
+    report = tuner.run()
+    searched = [r for r in report.records if r.role == SEARCH]
+    statuses = [r.result.status for r in report.records]
+    print(f"attention: {len(searched)} searched, {statuses.count(Status.REJECTED)} rejected, {report.pruned} pruned by static rules")
+    assert len(searched) == 30
+    assert Status.REJECTED not in statuses, [r.result.message for r in report.records if r.result.status is Status.REJECTED]

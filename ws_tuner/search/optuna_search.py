@@ -1,14 +1,17 @@
 """Optuna-driven search (random, TPE) over the space's define-by-run decisions.
 
 Ask/tell in batches: the tuner asks for a batch, builds and runs it while
-asking for the next. Pruned and failed points are told as FAIL, so the
-sampler learns nothing false from them; measured ones as their ratio to the
-tuning's anchor (``objective``).
+asking for the next. Points the space's static rules refuse are told as
+PRUNED, so that TPE steers away from them (sparse spaces, such as attention's,
+refuse most random points); failed measurements as FAIL, so the sampler
+learns nothing false from them; measured ones as their ratio to the tuning's
+anchor (``objective``).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import warnings
 from typing import Any
 
@@ -41,7 +44,7 @@ class OptunaSearch(SearchStrategy):
 
     def pre_tuning(self, space: ScheduleSpace, history: list[tuple[dict[str, Any], TrialResult]]) -> None:
         super().pre_tuning(space, history)
-        self._explorer = optuna.samplers.RandomSampler(seed=self.seed + 1)
+        self._rng = random.Random(self.seed + 1)  # the explorer's
         self._sampler = (
             optuna.samplers.RandomSampler(seed=self.seed)
             if self.kind == "random"
@@ -90,13 +93,18 @@ class OptunaSearch(SearchStrategy):
         out: list[Proposal] = []
         misses = 0
         while len(out) < n and misses < MAX_PRUNED_IN_A_ROW:
-            # A converged TPE keeps proposing its favourite; after a few repeats, explore at random.
-            self.study.sampler = self._explorer if misses >= REPEATS_BEFORE_EXPLORING else self._sampler
+            # A converged TPE keeps proposing its favourite; after a few misses, explore: a random
+            # point that passes the static rules (most random decisions are pruned in a sparse space).
+            if misses >= REPEATS_BEFORE_EXPLORING:
+                point = self.space.random_point(self._rng)
+                if point is None:
+                    break
+                self.study.enqueue_trial(self.space.decisions(point), skip_if_exists=False)
             trial = self.study.ask()
             point = self.space.sample(lambda name, options, trial=trial: trial.suggest_categorical(name, list(options)))
             candidate = self.space.candidate(point)
-            if isinstance(candidate, str):
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if isinstance(candidate, str):  # PRUNED, not FAIL: TPE counts pruned trials among the bad ones and learns to avoid them
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 self.pruned += 1
                 misses += 1
                 continue
@@ -111,7 +119,6 @@ class OptunaSearch(SearchStrategy):
             self._seen.add(candidate.hash)
             misses = 0
             out.append(Proposal(candidate, dict(trial.params), token=trial))
-        self.study.sampler = self._sampler
         return out
 
     def notify(self, proposal: Proposal, result: TrialResult) -> None:

@@ -50,6 +50,12 @@ class FakeSpace:
     def candidate(self, point: dict[str, Any]) -> Candidate:
         return Candidate.make(dict(point), None, Lowering.DEFAULT)
 
+    def random_point(self, rng: Any) -> dict[str, Any]:
+        return {name: rng.choice(values) for name, values in self.axes_.items()}
+
+    def decisions(self, point: dict[str, Any]) -> dict[str, Any]:
+        return dict(point)
+
     def candidates(self) -> Iterator[Candidate]:
         names = list(self.axes_)
         for values in itertools.product(*self.axes_.values()):

@@ -1,0 +1,33 @@
+"""Problem arguments of a kernel file: sizes, listed choices (an int flag
+like ``causal`` included) and the distance that warm starts use."""
+
+from __future__ import annotations
+
+import pytest
+
+from ws_tuner.kernel import KernelFileError, load_kernel
+
+
+@pytest.fixture(scope="module")
+def flash(data_dir):
+    return load_kernel(data_dir / "flash_fwd.py")  # D and causal: ints with CHOICES
+
+
+def test_an_int_with_choices_accepts_every_listed_value(flash):
+    assert flash.parse_problem("S=1024,causal=0")["causal"] == 0
+    assert flash.parse_problem("S=1024,causal=1,D=128") == {"B": 1, "H": 2, "S": 1024, "D": 128, "causal": 1}
+    with pytest.raises(KernelFileError, match="not one of 0, 1"):
+        flash.parse_problem("S=1024,causal=2")
+    with pytest.raises(KernelFileError, match="must be positive"):
+        flash.parse_problem("S=0")  # a size still must be
+
+
+def test_categorical_arguments_are_not_sizes_in_the_distance(flash, gemm_spec):
+    a = flash.parse_problem("S=1024")
+    assert flash.problem_distance(a, {**a, "S": 4096}) == pytest.approx(2.0)
+    assert flash.problem_distance(a, {**a, "causal": 1}) is None  # a flag: another problem, not a nearby one
+    assert flash.problem_distance(a, {**a, "D": 128}) is None  # a listed choice, though an int
+    g = gemm_spec.parse_problem("M=4096,N=4096,K=4096")
+    assert gemm_spec.problem_distance(g, {**g, "M": 8192, "K": 1024}) == pytest.approx(3.0)
+    assert gemm_spec.problem_distance(g, {**g, "dtype": "bfloat16"}) is None
+    assert gemm_spec.problem_distance(g, {"M": 4096}) is None
