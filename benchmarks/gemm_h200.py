@@ -24,7 +24,8 @@ import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 # block_K 128 with the seed's 3 stages needs 288 KB of shared memory: every baseline there fails to launch.
-GRID = {"block_M": (128,), "block_N": (128, 256), "block_K": (64,), "swizzle": (0, 8), "epilogue": ("direct", "smem"),
+# block_N 128 lost to 256 at every shape of run 5.
+GRID = {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (0, 8), "epilogue": ("direct", "smem"),
         "persistent": (False, True), "mma": ("sync", "async")}  # fmt: skip
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x8192x1024", "2048x8192x8192")
 COLUMNS = [("shape", "shape", None), ("run", "run", None), ("cuBLAS", "reference_tflops", "reference"),

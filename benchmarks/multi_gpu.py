@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--timeout", type=float, default=420.0)
     args = ap.parse_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{(args.out / 'multi.db').resolve()}"
     m, n, k = (int(x) for x in args.shape.split("x"))
@@ -56,7 +57,9 @@ def main() -> None:
     workers = [
         subprocess.Popen([sys.executable, "-m", "ws_tuner", "worker", "--gpu", str(g), "--db", url, "--jobs", str(args.jobs),
                           "--exit-when-idle", "--heartbeat", "2", "--grace", "60"],
-                         env=env, stdout=open(args.out / f"worker-{g}.log", "wb"), stderr=subprocess.STDOUT)
+                         # Run from OUT: `-m` puts the working directory first on sys.path, and a
+                         # checkout's ws_tuner/ (without server/) must not shadow the installed package.
+                         env=env, cwd=args.out, stdout=open(args.out / f"worker-{g}.log", "wb"), stderr=subprocess.STDOUT)
         for g in args.gpus
     ]  # fmt: skip
     for w in workers:

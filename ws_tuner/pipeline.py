@@ -187,6 +187,7 @@ class Pipeline:
         self.anchor: Candidate | None = None
         self._in_flight: dict[Future, _Work] = {}
         self._proposed: set[str] = set(known)
+        self._results: dict[str, TrialResult] = {}  # candidate hash -> its result, this run
         self._measured: dict[str, TrialResult] = {}  # generated-code hash -> its measurement
         self._waiting: dict[str, list[_Work]] = {}  # generated-code hash -> built candidates sharing a run in flight
         for trial in known.values():
@@ -275,6 +276,10 @@ class Pipeline:
             if digest in self.known:  # measured before (an earlier run or job): the strategy learns it
                 self._notify(proposal, self.known[digest].result)
                 continue
+            if digest in self._proposed:  # a baseline or warm start of this run (the seed point is the seed)
+                done = self._results.get(digest)
+                self._notify(proposal, done or TrialResult(digest, Status.REJECTED, "being measured already in this run"))
+                continue
             if digest in taken:
                 self._notify(proposal, TrialResult(digest, Status.REJECTED, "duplicate of another trial of the job"))
                 continue
@@ -325,6 +330,7 @@ class Pipeline:
         result = dataclasses.replace(result, info={**result.info, "role": slot.role, "decisions": proposal.decisions})
         if not self.recorder.record(slot, proposal.candidate, result):
             return
+        self._results[proposal.candidate.hash] = result
         if result.info.get("shared_with"):
             self.report.shared += 1
         if slot.role == SEARCH:
