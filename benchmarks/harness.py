@@ -182,16 +182,20 @@ def fidelity_rows(items: list[Entry], times: dict[str, dict[str, float]]) -> lis
     return rows
 
 
-def order_agrees(rows: list[dict[str, Any]]) -> bool:
-    """Whether ws-tune and the independent timer order the winner against every baseline alike."""
+def order_agrees(rows: list[dict[str, Any]], tie: float = 0.01) -> bool:
+    """Whether ws-tune and the independent timer order the winner against every
+    baseline of its tuning alike. Kernels within ``tie`` of each other by either
+    timer have no order to disagree on; a baseline that is the winner itself
+    (the seed at the winning point) neither."""
     by_problem: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_problem.setdefault(json.dumps(row["problem"], sort_keys=True), []).append(row)
     for group in by_problem.values():
         ws = next((r for r in group if r["kind"] == "ws"), None)
-        # A baseline that is the winner itself (the seed at the winning point) has no order to agree on.
-        for other in (r for r in group if ws and r["candidate_hash"] != ws["candidate_hash"]):
-            if (ws["ws_tune_tflops"] >= other["ws_tune_tflops"]) != (ws["independent_tflops"] >= other["independent_tflops"]):
+        for other in (r for r in group if ws and r["kind"] in KINDS[1:] and r["candidate_hash"] != ws["candidate_hash"]):
+            ours = ws["ws_tune_tflops"] / other["ws_tune_tflops"] - 1
+            theirs = ws["independent_tflops"] / other["independent_tflops"] - 1
+            if ours * theirs < 0 and min(abs(ours), abs(theirs)) > tie:
                 return False
     return True
 
