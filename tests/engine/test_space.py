@@ -34,7 +34,7 @@ def test_counts_before_and_after_pruning(count):
 
 def test_all_four_axes_vary(gemm_spec):
     # M=3072 admits block_M=192, the one tile three consumer warpgroups can split.
-    space = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096")).space()
+    space = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096"), gemm_spec.parse_params("mma=sync")).space()
     seen = {"split": set(), "layout": set(), "depth": set(), "stage": set(), "nreg": set()}
     for point, _ in space.walk():
         seen["split"].add(point.split)
