@@ -77,11 +77,9 @@ def fresh_cache(tmp_path, monkeypatch):
     [
         {"D": 64, "causal": 1},
         {"dtype": "bfloat16"},
-        pytest.param({}, marks=pytest.mark.slow),
-        pytest.param({"D": 64, "dtype": "bfloat16"}, marks=pytest.mark.slow),
-        pytest.param({"causal": 1, "dtype": "bfloat16"}, marks=pytest.mark.slow),
+        pytest.param({"causal": 1, "dtype": "bfloat16", "S": 4000}, marks=pytest.mark.slow),
     ],
-    ids=["d64-causal", "d128-bf16", "d128", "d64-bf16", "d128-causal-bf16"],
+    ids=["d64-causal", "d128-bf16", "d128-causal-bf16-tails"],
 )
 def test_every_allowed_attention_variant_verifies(attention, changes):
     problem = {**ATTN_PROBLEM, **changes}
