@@ -159,21 +159,26 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         loop_bodies, root_bodies = {}, {}
         producer_loop, producer_root = [], []
         for p, role in enumerate(roles):
-            # FlashAttention-3's order: S of block k, then P V of block k-1 (V one
-            # stage behind), so the softmax of block k overlaps that product.
-            turn, give = ([f"turn{p}"], [f"pass{p}"]) if pingpong else ([], [])
-            mask = [f"mask{p}"] if causal or key_tail else []
-            if asynchronous:
-                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", W(f"v{p}", 1), f"pv{p}"] + give + [
-                    f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]  # fmt: skip
+            k, v, q = f"k{p}", f"v{p}", f"q{p}"  # this consumer's pipelines
+
+            def ops(*names):
+                return [f"{name}{p}" for name in names]
+
+            turn, give = (ops("turn"), ops("pass")) if pingpong else ([], [])
+            mask = ops("mask") if causal or key_tail else []
+            # S of block k, then P V of block k-1 (V one stage behind K), so that the
+            # softmax of block k overlaps that product; then O is rescaled.
+            if asynchronous:  # each wgmma retired by a wait before its stage is freed
+                body = [W(k, 0), *ops("qk"), W(v, 1), *ops("pv"), *give, *ops("wait_s"), R(k, 0), *mask,
+                        *ops("softmax", "wait_o"), R(v, 1), *ops("rescale")]  # fmt: skip
             else:
-                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", R(f"k{p}", 0), W(f"v{p}", 1), f"pv{p}", R(f"v{p}", 1)] + give + mask + [
-                    f"softmax{p}", f"rescale{p}"]  # fmt: skip
+                body = [W(k, 0), *ops("qk"), R(k, 0), W(v, 1), *ops("pv"), R(v, 1), *give, *mask, *ops("softmax", "rescale")]
+            loop_bodies[role] = turn + body
             start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
-            drain = [f"drain{p}"] if asynchronous else []
-            root_bodies[role] = [W(f"q{p}", 0), f"init{p}"] + start + ["loop_k"] + drain + [R(f"q{p}", 0), f"store{p}"]
-            producer_root += [A(f"q{p}", 0), f"load_q{p}", C(f"q{p}", 0)]
-            producer_loop += [A(f"k{p}", 0), f"load_k{p}", C(f"k{p}", 0), A(f"v{p}", 0), f"load_v{p}", C(f"v{p}", 0)]
+            drain = ops("drain") if asynchronous else []
+            root_bodies[role] = [W(q, 0), *ops("init"), *start, "loop_k", *drain, R(q, 0), *ops("store")]
+            producer_root += [A(q, 0), *ops("load_q"), C(q, 0)]
+            producer_loop += [A(k, 0), *ops("load_k"), C(k, 0), A(v, 0), *ops("load_v"), C(v, 0)]
         loop_bodies["Producer"] = producer_loop
         root_bodies["Producer"] = producer_root + ["loop_k"]
         warps = consumer_warps // len(roles)
