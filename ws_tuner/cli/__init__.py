@@ -1,0 +1,35 @@
+"""The ``ws-tune`` command line (typer + rich).
+
+    ws-tune FILE --shape M=4096,N=4096,K=4096 [--budget N] [--compile-only] [--db URL] [--jobs N]
+    ws-tune space FILE --shape ...      the axes, and the counts before and after pruning
+    ws-tune best FILE --shape ...       the best stored schedule, as TileLang code and JSON
+    ws-tune export FILE --shape ...     the JSON artifact of a tuning
+    ws-tune db upgrade|current          the database schema
+    ws-tune serve [--host H --port P]   the tuning service (REST API; an embedded worker on SQLite)
+    ws-tune worker [--gpu N]            a worker running the service's jobs on one GPU
+    ws-tune token create|list|revoke    API tokens of the service
+
+Bad input is one line on stderr and exit code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# The commands register themselves on the app as their modules load.
+from . import results, schema, service, tuning  # noqa: F401
+from .common import app
+
+app.info.help = __doc__
+__all__ = ["app", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``ws-tune FILE ...`` is short for ``ws-tune tune FILE ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands} | {"db"} | {
+        g.name for g in app.registered_groups if g.name
+    }
+    if args and not args[0].startswith("-") and args[0] not in commands:
+        args.insert(0, "tune")
+    app(args=args, prog_name="ws-tune")

@@ -1,0 +1,75 @@
+"""What the commands share: the app, consoles, options, one-line errors, loading a task."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Database schema commands.")
+token_app = typer.Typer(add_completion=False, no_args_is_help=True, help="API tokens of the service.")
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 1
+
+ShapeOpt = typer.Option(..., "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]")
+ParamOpt = typer.Option(None, "--param", "-p", help="Pin kernel parameters, e.g. block_M=128,swizzle=8")
+SpaceOpt = typer.Option(None, "--space", help="Axis values of the schedule space, as TOML (see configs/space-focused.toml)")
+DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", markup=True)
+    return typer.Exit(code)
+
+
+def _compiler_errors() -> tuple[type[Exception], ...]:
+    # Only a loaded compiler can have raised: commands that never touch tilelang
+    # (serve, worker, token) then start without importing it (seconds, and torch).
+    compiler = sys.modules.get(f"{__package__.rpartition('.')[0]}.compiler")
+    return (compiler.CompilerError,) if compiler is not None else ()
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Known failures become one line and exit code 2; anything else one line and 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ..kernel import KernelFileError
+        from ..store import StoreError
+
+        try:
+            return fn(*args, **kwargs)
+        except (KernelFileError, StoreError, ValueError, *_compiler_errors()) as exc:
+            raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            raise _fail("interrupted", 130) from None
+        except Exception as exc:  # noqa: BLE001 - the promise is: no traceback
+            if os.environ.get("WS_TUNE_DEBUG"):
+                raise
+            raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
+
+    return wrapper
+
+
+def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = None) -> Any:
+    from ..kernel import load_kernel
+    from ..space import SpaceConfig
+    from ..task import Task
+
+    spec = load_kernel(file)
+    config = SpaceConfig.from_toml(space) if space else None
+    return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param), config)

@@ -1,0 +1,200 @@
+"""``ws-tune FILE`` (tune) and ``ws-tune space``: search, build, time, store; and what a space holds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from .common import (
+    DbOpt,
+    ParamOpt,
+    ShapeOpt,
+    SpaceOpt,
+    _fail,
+    _task,
+    app,
+    err,
+    handles_errors,
+    out,
+)
+
+# --- tune -------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def tune(
+    file: Path = typer.Argument(..., help="Kernel file (see examples/gemm.py and ws_tuner/kernel.py)"),
+    shape: str = ShapeOpt,
+    param: Optional[str] = ParamOpt,
+    space_config: Optional[Path] = SpaceOpt,
+    budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop searching after this many seconds"),
+    strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
+    compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing"),
+    db: Optional[str] = DbOpt,
+    jobs: int = typer.Option(max((os.cpu_count() or 2) - 1, 1), "--jobs", "-j", help="Parallel compile workers"),
+    gpu: int = typer.Option(0, "--gpu", help="GPU index to time on"),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed"),
+    compile_timeout: float = typer.Option(300.0, "--compile-timeout", help="Seconds per compile"),
+    run_timeout: float = typer.Option(60.0, "--run-timeout", help="Seconds per GPU check + timing"),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Measure tilelang's own lowerings too"),
+) -> None:
+    """Tune FILE at one problem: search schedules, build, time, store."""
+    from ..builder import LocalBuilder
+    from ..runner import EvaluatorConfig, LocalRunner, gpu_available
+    from ..space import SpaceCount
+    from ..store import open_store
+    from ..tune import TuneOptions, Tuner
+    from .. import search
+
+    if budget < 0 or jobs < 1:
+        raise _fail("--budget must be >= 0 and --jobs >= 1")
+    if strategy not in search.KINDS:
+        raise _fail(f"unknown strategy {strategy!r}; choose one of {', '.join(search.KINDS)}")
+    task = _task(file, shape, param, space_config)
+    # Kernel or shape errors surface here, before the database is touched. One
+    # survivor is enough: counting the whole space takes seconds.
+    count = SpaceCount()
+    if next(task.space().walk(count), None) is None:
+        reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
+        if not any(not isinstance(task.space().shape(p), str) for p in task.space().param_points()):
+            raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
+        err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
+    _print_limits(task.space())
+    store = open_store(db)
+    if not compile_only and not gpu_available():
+        err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
+        compile_only = True
+    options = TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, baselines=baselines,
+                          evaluator=EvaluatorConfig(timeout=run_timeout))  # fmt: skip
+    runner = None if compile_only else LocalRunner(gpu)
+    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, _progress() as progress:
+        bar = progress.add_task("tuning", total=None)
+        done = [0]
+
+        def listener(event: str, record: Any) -> None:
+            if event in ("anchor", "confirm"):
+                progress.update(bar, description="timing the anchor" if event == "anchor" else "final tournament of the leaders")
+                return
+            done[0] += 1
+            progress.update(bar, completed=done[0], description=f"{record.result.status.value:>13} {record.candidate.describe()[:70]}")
+
+        tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
+                      options=options, listener=listener)  # fmt: skip
+        try:
+            report = tuner.run()
+        finally:
+            if runner:
+                runner.close()
+    _print_report(report, task)
+    if report.interrupted:
+        raise typer.Exit(130)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+
+
+def _print_report(report: Any, task: Any) -> None:
+    from ..candidate import Lowering
+
+    counts = report.counts()
+    table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    for status, n in sorted(counts.items()):
+        table.add_row(status, str(n))
+    if report.pruned:
+        table.add_row("pruned (static rules)", str(report.pruned))
+    cached = sum(r.cached for r in report.records)
+    table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
+                     f"{report.shared} sharing another's generated code)")  # fmt: skip
+    out.print(table)
+    if report.compile_only:
+        out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
+        return
+    best = report.best
+    rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
+    out.print(speed_table(rows, best))
+    if report.anchor is not None:
+        out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
+    if best is not None and best.candidate.lowering is Lowering.WS:
+        out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
+        out.print(best.candidate.schedule.to_source())
+
+
+def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
+    """TFLOP/s, time and ratio of each row's result; confirmed ones were re-timed together in the final tournament."""
+    speed = Table(title="speed (steady state; confirmed = re-timed together in the final tournament)")
+    for col in ("schedule", "TFLOP/s", "median ms", "\u00b1 (95%)", "vs anchor", "confirmed", "best / this"):
+        speed.add_column(col, justify="left" if col == "schedule" else "right")
+    for name, rec in rows:
+        if rec is None:
+            speed.add_row(name, *["-"] * 6)
+            continue
+        r = rec.result
+        ci = r.info.get("ratio_ci") if rec is not best else r.info.get("time_ci", r.info.get("ratio_ci"))
+        vs_best = _relative(best.result, r) if best else None
+        speed.add_row(name, f"{r.tflops:.0f}", f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
+                      f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
+                      f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
+    return speed
+
+
+def _relative(best: Any, other: Any) -> float | None:
+    """How much faster the best is than ``other``: by ratios to one anchor when both have one, else by time."""
+    if best.ratio and other.ratio:
+        return other.ratio / best.ratio
+    return other.timing.median_ms / best.timing.median_ms if best.timing and other.timing else None
+
+
+# --- space ------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def space(
+    file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
+) -> None:
+    """Print the axes of FILE's schedule space and its size before and after pruning."""
+    import time
+
+    task = _task(file, shape, param, space_config)
+    sp = task.space()
+    start = time.perf_counter()
+    count = sp.count()
+    elapsed = time.perf_counter() - start
+    axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}")
+    axes.add_column("axis")
+    axes.add_column("values")
+    for name, values in sp.axes().items():
+        axes.add_row(name, ", ".join(map(str, values)))
+    out.print(axes)
+    pruned = Table(title="static pruning")
+    pruned.add_column("rule")
+    pruned.add_column("pruned", justify="right")
+    pruned.add_column("example")
+    for kind, n in count.pruned.most_common():
+        pruned.add_row(kind, str(n), count.examples[kind])
+    out.print(pruned)
+    out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    _print_limits(sp)
+
+
+def _print_limits(sp: Any) -> None:
+    """What the space cannot vary in this seed: it is still measured as the seed baseline."""
+    for note in sp.limits():
+        err.print(f"kept as in the seed: {note}")
