@@ -399,8 +399,8 @@ def test_the_deadlock_model_agrees_with_the_verifier(space, gemm_task):
     verdicts = {"model": 0, "verifier": 0}
     for stages in shape.stage_choices(plan):
         for depths in itertools.product((1, 2, 3), repeat=2):
-            model = shape.analysis.deadlock(plan, stages, depths)
-            schedule = shape.analysis.schedule_for(plan, depths, stages, roles, num_warps)
+            model = shape.variants.deadlock(plan, stages, depths)
+            schedule = shape.variants.schedule_for(plan, depths, stages, roles, num_warps)
             try:
                 compiler.verify(compiler.attach(prepared, schedule))
                 verifier = None
