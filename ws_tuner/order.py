@@ -107,6 +107,37 @@ def simulate(events: tuple[tuple[tuple[int, int], ...], ...], depth: list[int]) 
     return [(r, flat[cursors[r]]) for r, flat in enumerate(events) if cursors[r] < len(flat)]
 
 
+class DeadlockModel:
+    """``simulate`` with its verdicts remembered, for every seed of a space:
+    plans of different seeds often flatten to the same events. Within one trip
+    count (the events do not change), more depth never blocks what less did
+    not, so a depth vector one step above a deadlock-free one is free without
+    a run; vectors come in increasing order (itertools.product), so that step
+    below is usually known."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._verdicts: dict[tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, int]]]] = {}
+
+    def intern(self, events: tuple[tuple[tuple[int, int], ...], ...]) -> int:
+        return self._ids.setdefault(events, len(self._ids))
+
+    def blocked(self, key: int, events: tuple[tuple[tuple[int, int], ...], ...], depth: tuple[int, ...]) -> list[tuple[int, tuple[int, int]]]:
+        found = self._verdicts.get((key, depth))
+        if found is not None:
+            return found
+        trips = max(2, max(depth, default=0) + 1)
+        for i, d in enumerate(depth):
+            lower = depth[:i] + (d - 1,) + depth[i + 1 :]
+            if d > 1 and max(2, max(lower) + 1) == trips and self._verdicts.get((key, lower)) == []:
+                found = []
+                break
+        else:
+            found = simulate(events, list(depth))
+        self._verdicts[(key, depth)] = found
+        return found
+
+
 @dataclass(frozen=True)
 class Item:
     """One entry of a body being rebuilt, with what the dependence rule needs."""

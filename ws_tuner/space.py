@@ -35,6 +35,7 @@ from collections import Counter
 from typing import Any, Callable, Iterator, Sequence
 
 from .candidate import Candidate
+from .order import DeadlockModel
 from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -70,6 +71,7 @@ class ScheduleSpace:
         self._check_candidates = check_candidates
         self._shapes: dict[ParamsKey, SeedShape | str] = {}
         self._seeds: dict[tuple, Variants] = {}
+        self._deadlocks = DeadlockModel()  # shared: the seeds of different kernel parameters often deadlock alike
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
         self._register_reasons: dict[tuple, str | None] = {}
         self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
@@ -91,7 +93,7 @@ class ScheduleSpace:
                 info = self._point_info(dict(params))
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
-                    self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset)
+                    self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset, self._deadlocks)
                 self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
 

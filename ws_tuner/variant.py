@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .order import CLOSE_OF, EVENT_KINDS, Item, flatten_events, order_edge, simulate, stable_order
+from .order import CLOSE_OF, EVENT_KINDS, DeadlockModel, Item, flatten_events, order_edge, stable_order
 from .schedule import CONSUMER_SYNCS, PRODUCER_SYNCS, Instr, Pipeline, Role, Schedule, Scope, Sync
 from .seed import BodyKey, Movable, Seed
 
@@ -45,6 +45,7 @@ class StageChoice:
 
     groups: tuple[Group, ...]
     options: tuple[tuple[int, ...], ...]
+    complete: bool = True  # every offset combination keeps the dependences
 
     def label(self, option: tuple[int, ...]) -> str:
         return ",".join(str(stage - g.base) for g, stage in zip(self.groups, option))
@@ -56,8 +57,6 @@ class StageChoice:
         g = self.groups[0]
         base = f"stage.{g.role}.{'/'.join('+'.join(x.pipelines) for x in self.groups)}"
         return base if self.complete else f"{base}[{' '.join(self.label(o) for o in self.options)}]"
-
-    complete: bool = True  # every offset combination keeps the dependences
 
 
 @dataclass(frozen=True, eq=False)  # one object per (layout, moved) of a seed: hashed by identity, cheaply
@@ -79,19 +78,26 @@ class Plan:
 
     def depth_of(self, depths: Sequence[int]) -> dict[str, int]:
         """Every pipeline's depth at these decisions."""
-        out = {p.name: p.depth for p in self.pipelines}
-        out.update(zip(self.varied, depths))
-        out.update({follower: out[leader] for follower, leader in self.tied})
-        return out
+        return dict(zip((p.name for p in self.pipelines), self.depth_vector(depths)))
 
+    def depth_vector(self, depths: Sequence[int]) -> tuple[int, ...]:
+        """Every pipeline's depth at these decisions, in pipeline order."""
+        return tuple(depths[slot] if slot >= 0 else p.depth for p, slot in zip(self.pipelines, self._slots))
+
+    @functools.cached_property
+    def _slots(self) -> tuple[int, ...]:
+        """Per pipeline, the index of the depth decision it takes, or -1 (its own)."""
+        leader = dict(self.tied)
+        return tuple(self.varied.index(leader.get(p.name, p.name)) if leader.get(p.name, p.name) in self.varied else -1 for p in self.pipelines)
 
 
 class Variants:
     """The plans and variants of one analysed seed (cached: plans are built once)."""
 
-    def __init__(self, seed: Seed, max_stage_offset: int = 2):
+    def __init__(self, seed: Seed, max_stage_offset: int = 2, deadlocks: DeadlockModel | None = None):
         self.seed = seed
         self.max_stage_offset = max_stage_offset
+        self.deadlocks = deadlocks or DeadlockModel()
 
     # --- plans --------------------------------------------------------------
     def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
@@ -141,8 +147,11 @@ class Variants:
         """The stage tuples of a body's groups that keep the seed's dependences:
         offsets up to max_stage_offset, lowest at the body's base, and the seed's
         own; or why there is none."""
-        if len(groups) < 2 or any(g.fixed is not None for g in groups):
+        if not groups:
             return None, None
+        if len(groups) < 2 or any(g.fixed is not None for g in groups):  # one way only: does it work?
+            body = self._rebuild(key, pipe_of, producer, moves, {p: g.base if g.fixed is None else g.fixed for g in groups for p in g.pipelines})
+            return None, body if isinstance(body, str) else None
         everything = [o for o in itertools.product(range(self.max_stage_offset + 1), repeat=len(groups)) if min(o) == 0]
         options = list(everything)
         seed_stage = {i.pipeline: i.stage for i in self.seed.body(*key) if isinstance(i, Sync)}
@@ -312,23 +321,20 @@ class Variants:
         return sorted(items, key=lambda it: it.order)
 
     # --- the verifier's deadlock model ---------------------------------------
-    @functools.cache
     def deadlock(self, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
         """MaterializeWSSchedule's deadlock check: every role's sync events under
         the mbarrier parity model, each loop modelled at max depth + 1 trips."""
-        depth_of = plan.depth_of(depths)
-        depth = [depth_of[p.name] for p in plan.pipelines]
-        trips = max([2] + [d + 1 for d in depth])
-        events = self._events(plan, stages, trips)
-        blocked = simulate(events, depth)
+        depth = plan.depth_vector(depths)
+        trips = max(2, max(depth, default=0) + 1)
+        blocked = self.deadlocks.blocked(*self._events(plan, stages, trips), depth)
         if not blocked:
             return None
         where = ", ".join(f"{plan.roles[r]} at {EVENT_KINDS[code].lower()}({plan.pipelines[p].name})" for r, (code, p) in blocked)
         return f"deadlock: {where} (mbarrier parity model, loops at {trips} trips)"
 
     @functools.cache
-    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[tuple[tuple[int, int], ...], ...]:
-        """Each role's sync events in emitted order (FlattenRoleEvents), as (kind, pipeline index)."""
+    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[int, tuple[tuple[tuple[int, int], ...], ...]]:
+        """Each role's sync events in emitted order (FlattenRoleEvents), as (kind, pipeline index), and their id."""
         roles = tuple(Role(name, 0, 1) for name in plan.roles)
         schedule = self.schedule_for(plan, [1] * len(plan.varied), stages, roles, 4)
         assert not isinstance(schedule, str)
@@ -341,6 +347,6 @@ class Variants:
         for role in plan.roles:
             flat = flatten_events(scopes, role, deltas, trips)
             events.append(tuple((EVENT_KINDS.index(e.kind), index[e.pipeline]) for e in flat))
-        return tuple(events)
+        return self.deadlocks.intern(tuple(events)), tuple(events)
 
 
