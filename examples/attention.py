@@ -6,18 +6,27 @@ producer warp loads a block_M-row tile of Q once, then K and V block by
 block through two pipelines; the consumers compute S = Q K^T, the online
 softmax, and O += P V, and write O through shared memory with a TMA store.
 
+The source is the plain program (what tilelang's own lowerings build); the
+seed schedule reorders it as FlashAttention-3 does: S of block k, then the
+P V product of block k-1 (V consumed one stage behind K), then the softmax
+of block k, then the rescale of O.
+
 Kernel-side variants (PARAMS):
 - ``mma``: "sync" is T.gemm (on Hopper a wgmma and its wait<0>); "async" is
-  T.wgmma_gemm with separate T.wait_wgmma ops, as in FlashAttention-3: the
-  P V product of block k-1 runs under the Q K^T of block k and its softmax.
-  V is consumed one stage behind K, so that its pipeline is released only
-  after the wgmma that reads it has been waited for.
+  T.wgmma_gemm with separate T.wait_wgmma ops, so that the P V product of
+  block k-1 runs under the softmax of block k; V's stage is released only
+  after the wait that retires the wgmma reading it. (Only the seed's order
+  makes the async waits right: the plain program is not a fair input to
+  tilelang's own lowerings in this form.)
 - ``consumers``: "cooperative" is one consumer role of block_M / 64
   warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
   warpgroup, each with its own block_M / 2 rows, its own Q/K/V buffers and
   pipelines (two roles cannot share a pipeline), taking turns at the tensor
   cores through two named barriers so that the softmax of one overlaps the
   MMAs of the other, as FlashAttention-3's warp scheduler barriers do.
+
+check() also refuses schedules that break this data flow, which
+MaterializeWSSchedule's verifier does not track.
 
     ws-tune examples/attention.py --shape B=4,H=16,S=4096,D=128,causal=0
 """
@@ -29,7 +38,7 @@ import tilelang.language as T
 PROBLEM = {"B": None, "H": None, "S": None, "D": 128, "dtype": "float16", "causal": 0}
 CHOICES = {"D": [64, 128], "dtype": ["float16", "bfloat16"], "causal": [0, 1]}
 PARAMS = {
-    "block_M": [64, 128],  # query rows per block (all consumers together)
+    "block_M": [64, 128, 192],  # query rows per block (all consumers together)
     "block_N": [64, 128],  # key rows per step of the K/V loop
     "stages": [1, 2],  # K/V buffer versions of the seed (and of tilelang's own lowerings)
     "mma": ["sync", "async"],
@@ -39,8 +48,10 @@ OUTPUTS = [3]
 TOLERANCE = 1e-2
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
 SMEM_LIMIT = 227 * 1024
-# Named barriers of the ping-pong turns; tilelang's own lowering uses the low ids.
+# Named barriers of the ping-pong turns (tilelang's own lowering uses the low
+# ids), each shared by the two consumer warpgroups.
 TURN_BARRIERS = (14, 15)
+TURN_THREADS = 256
 LOG2E = 1.4426950408889634
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the fragments (indices, descriptors, row state)
 
@@ -67,8 +78,6 @@ def check(problem, params, schedule):
     S, D = problem["S"], problem["D"]
     bm, bn = params["block_M"], params["block_N"]
     pingpong = params["consumers"] == "pingpong"
-    if S % bm or S % bn:
-        return f"S={S} is not a multiple of block_M={bm} and block_N={bn}"
     rows = bm // 2 if pingpong else bm  # rows of one consumer role
     if rows % ROWS_PER_WARPGROUP:
         return f"a consumer role's {rows} rows are not whole warpgroup MMAs of {ROWS_PER_WARPGROUP}"
@@ -89,9 +98,11 @@ def check(problem, params, schedule):
         if len(consumers) != len(_consumer_roles(params)):
             return "the schedule lacks the kernel's consumer roles"
         for role in consumers:
-            # FullRow: 16 rows per warp, whole warpgroups, no row split across warps.
-            if role.warps % 4 or rows % (16 * role.warps) or rows // role.warps % 16:
+            # FullRow: whole warpgroups, 16 rows (or a multiple) per warp.
+            if role.warps % 4 or rows % (16 * role.warps):
                 return f"{rows} rows cannot be split over {role.warps} warps of role {role.name}"
+            if pingpong and role.warps != 4:
+                return f"a ping-pong turn is one warpgroup per consumer (named barriers of {TURN_THREADS} threads); {role.name} has {role.warps} warps"
             # Registers per thread: the fp32 O and S accumulators and P (fp16), plus
             # addresses and softmax state; past the budget they spill (several times slower).
             need = (rows * D + rows * bn + rows * bn // 2) // (32 * role.warps) + REGISTER_OVERHEAD
@@ -123,8 +134,11 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
     consumer_warps = block_M // 16
     scale = LOG2E / math.sqrt(D)
     shape = (B, S, H, D)
-    m_blocks = S // block_M
-    n_blocks = S // block_N
+    # Tails: TMA zero-fills the rows a load reads past S and drops those a store
+    # writes there; keys past S are masked (causal masks them anyway).
+    m_blocks = -(-S // block_M)
+    n_blocks = -(-S // block_N)
+    key_tail = S % block_N and not causal
     roles = _consumer_roles({"consumers": consumers})
     gemm = T.wgmma_gemm if asynchronous else T.gemm
 
@@ -136,7 +150,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
 
     def loop_extent(bx):
         # Causal: key blocks up to the block's last row.
-        return T.ceildiv(block_row(bx, 0) + block_M, block_N) if causal else n_blocks
+        return T.min(T.ceildiv(block_row(bx, 0) + block_M, block_N), n_blocks) if causal else n_blocks
 
     def schedule(parts):
         """The seed: a TMA producer warp after the consumer warpgroups; Q once, K and V per step."""
@@ -145,25 +159,31 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         loop_bodies, root_bodies = {}, {}
         producer_loop, producer_root = [], []
         for p, role in enumerate(roles):
-            # FlashAttention-3's order: S of block k, then P V of block k-1 (V one
-            # stage behind), so the softmax of block k overlaps that product.
-            turn, give = ([f"turn{p}"], [f"pass{p}"]) if pingpong else ([], [])
-            mask = [f"mask{p}"] if causal else []
-            if asynchronous:
-                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", W(f"v{p}", 1), f"pv{p}"] + give + [
-                    f"wait_s{p}", R(f"k{p}", 0)] + mask + [f"softmax{p}", f"wait_o{p}", R(f"v{p}", 1), f"rescale{p}"]  # fmt: skip
+            k, v, q = f"k{p}", f"v{p}", f"q{p}"  # this consumer's pipelines
+
+            def ops(*names):
+                return [f"{name}{p}" for name in names]
+
+            turn, give = (ops("turn"), ops("pass")) if pingpong else ([], [])
+            mask = ops("mask") if causal or key_tail else []
+            # S of block k, then P V of block k-1 (V one stage behind K), so that the
+            # softmax of block k overlaps that product; then O is rescaled.
+            if asynchronous:  # each wgmma retired by a wait before its stage is freed
+                body = [W(k, 0), *ops("qk"), W(v, 1), *ops("pv"), *give, *ops("wait_s"), R(k, 0), *mask,
+                        *ops("softmax", "wait_o"), R(v, 1), *ops("rescale")]  # fmt: skip
             else:
-                loop_bodies[role] = turn + [W(f"k{p}", 0), f"qk{p}", R(f"k{p}", 0), W(f"v{p}", 1), f"pv{p}", R(f"v{p}", 1)] + give + mask + [
-                    f"softmax{p}", f"rescale{p}"]  # fmt: skip
+                body = [W(k, 0), *ops("qk"), R(k, 0), W(v, 1), *ops("pv"), R(v, 1), *give, *mask, *ops("softmax", "rescale")]
+            loop_bodies[role] = turn + body
             start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
-            drain = [f"drain{p}"] if asynchronous else []
-            root_bodies[role] = [W(f"q{p}", 0), f"init{p}"] + start + ["loop_k"] + drain + [R(f"q{p}", 0), f"store{p}"]
-            producer_root += [A(f"q{p}", 0), f"load_q{p}", C(f"q{p}", 0)]
-            producer_loop += [A(f"k{p}", 0), f"load_k{p}", C(f"k{p}", 0), A(f"v{p}", 0), f"load_v{p}", C(f"v{p}", 0)]
+            drain = ops("drain") if asynchronous else []
+            root_bodies[role] = [W(q, 0), *ops("init"), *start, "loop_k", *drain, R(q, 0), *ops("store")]
+            producer_root += [A(q, 0), *ops("load_q"), C(q, 0)]
+            producer_loop += [A(k, 0), *ops("load_k"), C(k, 0), A(v, 0), *ops("load_v"), C(v, 0)]
         loop_bodies["Producer"] = producer_loop
         root_bodies["Producer"] = producer_root + ["loop_k"]
         warps = consumer_warps // len(roles)
-        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=240) for p, role in enumerate(roles)]
+        nreg = 240 if consumer_warps <= 8 else 160  # the 64K-register pool, shared with the producer's warpgroup
+        ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=nreg) for p, role in enumerate(roles)]
         ws_roles.append(T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=24))
         pipelines = []
         for part in parts:
@@ -211,15 +231,15 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         T.copy(V[bz, k * block_N : (k + 1) * block_N, by, :], part.V, annotations={T.WSID: f"load_v{p}"})
         if pingpong:
             with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
-                T.sync_threads(TURN_BARRIERS[p], 256)
+                T.sync_threads(TURN_BARRIERS[p], TURN_THREADS)
         gemm(part.Q, part.K, part.S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
         if pingpong:
             with T.ws_op(f"pass{p}"):  # hand the turn over
                 if p == 0:
-                    T.named_barrier_arrive(TURN_BARRIERS[1], 256)
+                    T.named_barrier_arrive(TURN_BARRIERS[1], TURN_THREADS)
                 else:  # consumer 0 took the first turn: none is left over at the end
                     if k < loop_extent(bx) - 1:
-                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+                        T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
         if asynchronous:
             # S of this block is done; the P V product issued after it may still run.
             with T.ws_op(f"wait_s{p}"):
@@ -232,6 +252,11 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
                 if (k + 1) * block_N > block_row(bx, p):  # only blocks that reach past the diagonal
                     for i, j in T.Parallel(rows, block_N):
                         part.S[i, j] = T.if_then_else(block_row(bx, p) + i >= k * block_N + j, part.S[i, j], -T.infinity(accum))
+        elif key_tail:
+            with T.ws_op(f"mask{p}"):
+                if k == n_blocks - 1:  # keys past S
+                    for i, j in T.Parallel(rows, block_N):
+                        part.S[i, j] = T.if_then_else(k * block_N + j < S, part.S[i, j], -T.infinity(accum))
         with T.ws_op(f"softmax{p}"):
             T.copy(part.m, part.m_prev)
             T.reduce_max(part.S, part.m, dim=1, clear=False)
@@ -284,7 +309,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             if pingpong:
                 prologue(Q, parts[1], bx, by, bz)
                 with T.ws_op("start1"):
-                    T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+                    T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
             for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
                 step(K, V, parts[0], k, bx, by, bz)
                 if pingpong:

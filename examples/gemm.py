@@ -147,7 +147,10 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
                 # Retires the wgmma of k-block k. It reads the token (which holds k), so
                 # the schedule runs it at the token's stage: after the next wgmma has
-                # been issued. The last k-block has no next one: it waits for all.
+                # been issued. The last k-block has no next one: it waits for all. The
+                # guards are on k, which the unrolled stages fold away; on the token's
+                # value they would be data-dependent, and ptxas would then serialize
+                # every wgmma (C7514).
                 with T.ws_op("retire"):
                     T.evaluate(token[0])
                     if k < k_blocks - 1:

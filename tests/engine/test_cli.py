@@ -57,7 +57,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, exam
 
 
 def test_space_prints_axes_and_counts(example_path):
-    proc = ws_tune("space", str(example_path), "--shape", SHAPE)
+    proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync")
     assert proc.returncode == 0, proc.stderr
     assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
     before, after = map(int, __import__("re").search(r"candidates: (\d+) before pruning, (\d+) after", proc.stdout).groups())

@@ -14,7 +14,7 @@ def test_isolated_task_sees_the_same_space_without_importing_the_file(tmp_path, 
     marked = tmp_path / "gemm_marked.py"
     marker = tmp_path / "imported.txt"
     marked.write_text(f"open({str(marker)!r}, 'a').write('x')\n" + example_path.read_text())
-    task = Task.isolated(str(marked), "M=4096,N=4096,K=4096", "block_K=64,persistent=false")
+    task = Task.isolated(str(marked), "M=4096,N=4096,K=4096", "block_K=64,persistent=false,mma=sync")
     assert marker.read_text() == "x"  # imported once, by the spawned process
     assert task.spec.module is None and not [m for m in sys.modules if m.startswith("ws_tune_kernel_gemm_marked")]
     from ws_tuner.kernel import load_kernel
