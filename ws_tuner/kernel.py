@@ -26,8 +26,11 @@ A kernel file is a Python module that defines, at top level:
     Floating-point operations of one call, for TFLOP/s.
 ``check(problem: dict, params: dict, schedule) -> str | None`` (optional)
     Why these parameters (and, when not ``None``, this ``ws_tuner.schedule.
-    Schedule``'s role split) cannot serve this problem, or ``None``; used to
-    prune before anything is built.
+    Schedule``) cannot serve this problem, or ``None``; used to prune before
+    anything is built. It is asked with ``None``, with the seed at each role
+    layout's warp ranges, and with each whole candidate before it is handed
+    out. The space itself keeps the seed's data flow (see ws_tuner/seed.py):
+    a check need not guard stage orders.
 ``TOLERANCE: float`` (optional, default 1e-2)
     Largest relative error ``|out - ref| / |ref|`` that counts as correct.
 ``vendors(problem: dict) -> dict[str, Callable[[list], list]]`` (optional)

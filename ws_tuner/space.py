@@ -31,223 +31,22 @@ from __future__ import annotations
 
 import itertools
 import random
-import tomllib
 from collections import Counter
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .candidate import Candidate
-from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, OpAccess, Role, Schedule
-from .seed import MERGED, SEED, SEPARATE, Plan, Seed
+from .order import DeadlockModel
+from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Schedule
+from .seed import MERGED, SEED, SEPARATE, Seed
+from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
+from .variant import Plan, Variants
 
 __all__ = ["MERGED", "SEED", "SEPARATE", "Point", "PointInfo", "ScheduleSpace", "SeedShape", "SpaceConfig", "SpaceCount", "Split", "register_reason"]
 
 REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
-SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
 MAX_THREADS = 1024
 PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
 BARRIER_BYTES = 16  # a full and an empty mbarrier per version
-LIGHT_WARPS = {"warp": 1, "warpgroup": WARPS_PER_GROUP}
-
-ParamsKey = tuple[tuple[str, Any], ...]
-
-
-@dataclass(frozen=True)
-class PointInfo:
-    """What the compiler reports about the kernel at one kernel-parameter point."""
-
-    seed: Schedule
-    shared_bytes: dict[str, int]  # shared buffers the kernel uses: bytes of one version
-    accesses: dict[str, OpAccess]  # op or loop id -> what it reads and writes
-    buffer_kinds: dict[str, str] = field(default_factory=dict)  # allocated buffer -> "shared", "fragment", "local", ...
-
-
-@dataclass(frozen=True)
-class SpaceConfig:
-    consumer_warpgroups: tuple[int, ...] = (1, 2, 3)
-    producer_kinds: tuple[str, ...] = ("warp", "warpgroup")
-    producer_first: tuple[bool, ...] = (False, True)
-    layouts: tuple[str, ...] = (MERGED, SEPARATE)  # "seed" is added where the seed is neither
-    depths: tuple[int, ...] = (1, 2, 3, 4, 5)
-    max_stage_offset: int = 2
-    producer_nreg: tuple[int, ...] = (24, 40, 56)
-    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
-    own_roles: bool = True  # offer ops a role of their own where the seed allows it
-    smem_limit: int = SMEM_LIMIT
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> "SpaceConfig":
-        """Axis values from a TOML file (see configs/); unknown keys are an error."""
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"cannot read space config {path}: {exc}") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown space setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
-
-    def __post_init__(self) -> None:
-        for n in self.producer_nreg + self.consumer_nreg:
-            if n and (n % 8 or not 24 <= n <= 256):
-                raise ValueError(f"setmaxnreg budgets are 0 or multiples of 8 in [24, 256], got {n}")
-        if not self.depths or min(self.depths) < 1:
-            raise ValueError("pipeline depths must be >= 1")
-        if any(kind not in LIGHT_WARPS for kind in self.producer_kinds):
-            raise ValueError(f"producer kinds are {' or '.join(LIGHT_WARPS)}")
-
-
-@dataclass(frozen=True)
-class Split:
-    """Warp ranges: each consumer role's warpgroups; the other roles' size and place."""
-
-    consumer_warpgroups: tuple[int, ...]  # one per fragment-writing role, in seed order
-    producer: str  # "warp" or "warpgroup": every other role
-    producer_first: bool
-
-    @property
-    def label(self) -> str:
-        heavy = ",".join(f"{n}xWG" for n in self.consumer_warpgroups)
-        return f"{heavy}+{self.producer}@{'first' if self.producer_first else 'last'}"
-
-    def place(self, roles: Sequence[str], heavy: frozenset[str]) -> tuple[dict[str, tuple[int, int]], int]:
-        """Warp range per role and the warp count; consumers start at a warpgroup boundary."""
-        sizes = dict(zip([r for r in roles if r in heavy], (WARPS_PER_GROUP * n for n in self.consumer_warpgroups)))
-        light = [r for r in roles if r not in heavy]
-        order = light + list(sizes) if self.producer_first else list(sizes) + light
-        sizes.update({r: LIGHT_WARPS[self.producer] for r in light})
-        ranges, pos = {}, 0
-        for role in order:
-            if sizes[role] % WARPS_PER_GROUP == 0:
-                pos = -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP
-            ranges[role] = (pos, pos + sizes[role])
-            pos += sizes[role]
-        return ranges, max(WARPS_PER_GROUP, -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One point of the space. The tuples follow the point's plan (``SeedShape.plan``)."""
-
-    params: ParamsKey
-    roles: str = SEED  # a label of ``ScheduleSpace.splits``
-    layout: str = SEED  # a pipeline layout label
-    depths: tuple[int, ...] = ()  # one per varied pipeline
-    stages: tuple[int, ...] = ()  # one per decided span group
-    nregs: tuple[int, ...] = ()  # one per role
-    moved: tuple[str, ...] = ()  # ops in a role of their own
-
-
-@dataclass
-class SpaceCount:
-    total: int = 0
-    kept: int = 0
-    pruned: Counter = field(default_factory=Counter)  # reason kind -> count
-    examples: dict[str, str] = field(default_factory=dict)  # reason kind -> one full message
-
-    def prune(self, reason: str, n: int = 1) -> None:
-        kind = reason.split(":", 1)[0]
-        self.pruned[kind] += n
-        self.examples.setdefault(kind, reason)
-
-
-class SeedShape:
-    """The seed at one kernel-parameter point: its analysis (shared by every
-    point with the same seed and ops), role layouts and the seed's own point."""
-
-    def __init__(self, info: PointInfo, seed: Seed, config: SpaceConfig):
-        self.info, self.analysis, self.config = info, seed, config
-        self.seed = info.seed
-        self.split_alias: dict[str, str] = {}  # every label -> the one of its warp ranges
-        self.splits: dict[str, Split | None] = self._splits()  # distinct warp ranges, by label
-
-    @property
-    def limits(self) -> list[str]:
-        return self.analysis.limits
-
-    @property
-    def movable(self) -> tuple[str, ...]:
-        return tuple(m.op for m in self.analysis.movable) if self.config.own_roles else ()
-
-    def layouts(self) -> tuple[str, ...]:
-        """Distinct pipeline layouts to enumerate."""
-        alias = self.analysis.layout_alias
-        return tuple(dict.fromkeys(alias[label] for label in (SEED, *self.config.layouts)))
-
-    def layout_labels(self) -> tuple[str, ...]:
-        """The choices of the "pipelines" decision: the same for every seed."""
-        return (SEED, *(label for label in self.config.layouts if label != SEED))
-
-    @property
-    def roles_decision(self) -> str:
-        """The name of the warp-range decision: its labels depend on the number of consumer roles."""
-        n = len(self.analysis.heavy)
-        return "roles" if n == 1 else f"roles.{n}"
-
-    def canonical(self, point: Point) -> Point:
-        """The point with its labels resolved to the layouts they name for this seed."""
-        return replace(point, roles=self.split_alias.get(point.roles, point.roles), layout=self.analysis.layout_alias.get(point.layout, point.layout))
-
-    def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
-        return self.analysis.plan(layout, moved)
-
-    def nreg_choices(self, role: str) -> tuple[int, ...]:
-        return self.config.consumer_nreg if role in self.analysis.heavy else self.config.producer_nreg
-
-    def _splits(self) -> dict[str, Split | None]:
-        c, heavy = self.config, self.analysis.heavy
-        consumers = [r.name for r in self.seed.roles if r.name in heavy]
-        out: dict[str, Split | None] = {}
-        seen: dict[tuple, str] = {}
-        own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
-        for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
-            for kind, first in itertools.product(c.producer_kinds, c.producer_first):
-                split = Split(wgs, kind, first)
-                layout = split.place(self.analysis.role_names, heavy)
-                key = (tuple(sorted(layout[0].items())), layout[1])
-                if key not in seen:
-                    seen[key] = split.label
-                    out[split.label] = split
-                self.split_alias[split.label] = seen[key]
-        if own not in seen:
-            out = {SEED: None, **out}
-        self.seed_split = self.split_alias[SEED] = seen.get(own, SEED)
-        return out
-
-    def roles(self, label: str, plan: Plan, nregs: Sequence[int]) -> tuple[tuple[Role, ...], int]:
-        """The plan's roles at a split's warp ranges and these budgets, and the warp count."""
-        split = self.splits[label]
-        if split is None:  # the seed's ranges; new roles take the next warps, one each
-            ranges = {r.name: (r.warp_lo, r.warp_hi) for r in self.seed.roles}
-            end = max(hi for _, hi in ranges.values())
-            for i, name in enumerate(plan.roles[len(self.seed.roles) :]):
-                ranges[name] = (end + i, end + i + 1)
-            num_warps = max(self.seed.num_warps, -(-(end + len(plan.roles) - len(self.seed.roles)) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
-        else:
-            ranges, num_warps = split.place(plan.roles, self.analysis.heavy)
-        return tuple(Role(name, *ranges[name], nreg) for name, nreg in zip(plan.roles, nregs)), num_warps
-
-    def seed_point(self, params: ParamsKey) -> Point:
-        plan = self.plan(self.analysis.seed_layout)
-        depth = {p.name: p.depth for p in self.seed.pipelines}
-        return Point(
-            params, self.seed_split, plan.layout, tuple(depth[p] for p in plan.varied),
-            self.analysis.seed_stages(plan), tuple(r.max_nreg for r in self.seed.roles),
-        )  # fmt: skip
-
-    @staticmethod
-    def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:
-        """Every decided group's stage, over the choices of each body that keep the seed's dependences."""
-        for combo in itertools.product(*(c.options for c in plan.stage_choices)):
-            yield tuple(itertools.chain.from_iterable(combo))
-
-    def schedule(self, point: Point) -> Schedule | str:
-        point = self.canonical(point)
-        plan = self.plan(point.layout, point.moved)
-        roles, num_warps = self.roles(point.roles, plan, point.nregs)
-        return self.analysis.schedule_for(plan, point.depths, point.stages, roles, num_warps)
 
 
 class ScheduleSpace:
@@ -271,7 +70,8 @@ class ScheduleSpace:
         self._check = check
         self._check_candidates = check_candidates
         self._shapes: dict[ParamsKey, SeedShape | str] = {}
-        self._seeds: dict[tuple, Seed] = {}
+        self._seeds: dict[tuple, Variants] = {}
+        self._deadlocks = DeadlockModel()  # shared: the seeds of different kernel parameters often deadlock alike
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
         self._register_reasons: dict[tuple, str | None] = {}
         self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
@@ -293,7 +93,7 @@ class ScheduleSpace:
                 info = self._point_info(dict(params))
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
-                    self._seeds[key] = Seed(info.seed, info.accesses, info.buffer_kinds, self.config.max_stage_offset)
+                    self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset, self._deadlocks)
                 self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
 
@@ -302,7 +102,7 @@ class ScheduleSpace:
 
     def limits(self) -> list[str]:
         """What the space keeps as in the seed, and why (every seed seen so far)."""
-        return list(dict.fromkeys(msg for seed in self._seeds.values() for msg in seed.limits))
+        return list(dict.fromkeys(msg for variants in self._seeds.values() for msg in variants.seed.limits))
 
     def axes(self) -> dict[str, tuple[Any, ...]]:
         """Every decision and its choices, over the seeds of all kernel-parameter points."""
@@ -362,7 +162,7 @@ class ScheduleSpace:
                             count.prune(reason, len(fitting) * below)
                             continue
                         for depths in fitting:
-                            reason = shape.analysis.deadlock(plan, stages, depths)
+                            reason = shape.variants.deadlock(plan, stages, depths)
                             if reason:
                                 count.prune(reason, below)
                                 continue
@@ -433,7 +233,7 @@ class ScheduleSpace:
             plan.infeasible
             or self._smem_reason(shape, plan, point.depths)
             or self._order_reason(shape, plan, point.stages)
-            or shape.analysis.deadlock(plan, tuple(point.stages), tuple(point.depths))
+            or shape.variants.deadlock(plan, tuple(point.stages), tuple(point.depths))
             or self.split_reason(point.params, shape, point.roles)
             or self._register_reason(shape, point.roles, plan, point.nregs)
         )
@@ -572,7 +372,7 @@ class ScheduleSpace:
         return None
 
     def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:
-        bodies = shape.analysis.bodies(plan, tuple(stages))
+        bodies = shape.variants.bodies(plan, tuple(stages))
         return bodies if isinstance(bodies, str) else None
 
     def split_reason(self, params: ParamsKey, shape: SeedShape, label: str) -> str | None:

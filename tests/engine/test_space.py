@@ -7,6 +7,7 @@ MaterializeWSSchedule verifier: the CPU's stand-in for "not rejected"."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -386,3 +387,26 @@ def test_tuning_attention_generates_no_rejected_candidate(open_db, tmp_path):
     print(f"attention: {len(searched)} searched, {statuses.count(Status.REJECTED)} rejected, {report.pruned} pruned by static rules")
     assert len(searched) == 30
     assert Status.REJECTED not in statuses, [r.result.message for r in report.records if r.result.status is Status.REJECTED]
+
+
+def test_the_deadlock_model_agrees_with_the_verifier(space, gemm_task):
+    """Every separate-pipeline GEMM variant at depths 1-3: the space's port of the
+    verifier's deadlock model refuses exactly what MaterializeWSSchedule refuses."""
+    shape = space.shape(GEMM_PARAMS)
+    plan = shape.plan(SEPARATE)
+    roles, num_warps = shape.roles("2xWG+warp@last", plan, (232, 40))
+    prepared, _ = compiler.prepare(gemm_task.primfunc(dict(GEMM_PARAMS)))
+    verdicts = {"model": 0, "verifier": 0}
+    for stages in shape.stage_choices(plan):
+        for depths in itertools.product((1, 2, 3), repeat=2):
+            model = shape.variants.deadlock(plan, stages, depths)
+            schedule = shape.variants.schedule_for(plan, depths, stages, roles, num_warps)
+            try:
+                compiler.verify(compiler.attach(prepared, schedule))
+                verifier = None
+            except compiler.ScheduleRejected as exc:
+                verifier = str(exc)
+            assert (model is None) == (verifier is None), (stages, depths, model, verifier)
+            verdicts["model"] += model is not None
+            verdicts["verifier"] += verifier is not None and "deadlock" in verifier
+    assert verdicts["model"] == verdicts["verifier"] > 0
