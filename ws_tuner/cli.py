@@ -362,15 +362,17 @@ def worker(
     space_kind: str = typer.Option("kernel", "--space", hidden=True, help="kernel or fake"),
     runner_delay: float = typer.Option(0.0, "--runner-delay", hidden=True),
     exit_when_idle: bool = typer.Option(False, "--exit-when-idle", hidden=True),
+    settings_stdin: bool = typer.Option(False, "--settings-stdin", hidden=True, help="Settings as JSON on stdin (serve's workers)"),
 ) -> None:
     """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
     from .server.config import load_settings
-    from .server.service import run_worker
+    from .server.service import read_worker_settings, run_worker
     from .server.worker import WorkerOptions
 
     if jobs < 1:
         raise _fail("--jobs must be >= 1")
-    settings = load_settings(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
+    overrides = dict(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
+    settings = read_worker_settings(sys.stdin, **overrides) if settings_stdin else load_settings(**overrides)
     options = WorkerOptions(gpu=gpu, runner=runner, builder=builder, space=space_kind, jobs=jobs, compile_timeout=compile_timeout,
                             run_timeout=run_timeout, runner_delay=runner_delay, exit_when_idle=exit_when_idle)  # fmt: skip
     run_worker(settings, options)

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ..store.guard import DbTimeouts
+
 CONFIG_ENV = "WS_TUNE_CONFIG"
 MIB = 1024 * 1024
 # A bootstrap token must not be a placeholder someone forgot to change.
@@ -54,6 +56,10 @@ class Settings(BaseSettings):
     auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
     log_level: str = "info"
 
+    db_timeout: float = Field(
+        15.0, gt=0, le=600, description="seconds one database call may take (statements, locks, a silent connection)"
+    )
+
     # --- workers and leases --------------------------------------------------
     heartbeat_interval: float = Field(5.0, gt=0)
     grace_period: float | None = Field(None, gt=0, description="stale after this many seconds; None: 3 x heartbeat")
@@ -81,6 +87,10 @@ class Settings(BaseSettings):
                 "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
         return value
+
+    @property
+    def db_timeouts(self) -> DbTimeouts:
+        return DbTimeouts.within(self.db_timeout)
 
     @property
     def grace(self) -> float:

@@ -117,4 +117,6 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
 
 def app_from_env() -> Any:
     """The factory uvicorn's worker processes call (``--factory``)."""
-    return create_app(Settings())
+    from .service import seal
+
+    return create_app(seal(Settings()))

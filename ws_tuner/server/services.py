@@ -97,7 +97,7 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        store = open_store(settings.db)
+        store = open_store(settings.db, timeouts=settings.db_timeouts)
         services = cls(settings, store)
         try:
             services.register_kernel_dirs()

@@ -18,7 +18,9 @@ How the promises are kept (the store's ``queue.py`` holds the SQL):
   lost the lease).
 * SIGTERM: no new slots are claimed; the candidates in flight finish within
   ``drain_timeout`` or are handed back (re-queued, not failed). A second
-  signal hands them back at once.
+  signal hands them back at once. Either way the worker is gone within the
+  drain time even while the database does not answer: database calls in
+  flight are cut, and the goodbyes to the database are given a few seconds.
 
 The kernel file is loaded here, in the worker process (its ``kernel()`` builds
 the schedule space), and compiled and run in the builder's and runner's own
@@ -56,6 +58,7 @@ T = TypeVar("T")
 
 MAX_PROPOSALS_PER_SLOT = 200  # refused proposals in a row before the space counts as exhausted
 MAX_JOB_CRASHES = 3  # internal errors on one job before the worker fails it rather than retrying
+GOODBYE_S = 5.0  # seconds for handing back leases and signing off, once leaving (the sweeper does it otherwise)
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ class Worker:
         self._stop = threading.Event()  # drain: finish what is in flight, claim nothing new
         self._abort = threading.Event()  # hand back what is in flight, now
         self._stop_at: float | None = None
+        self._drain_timer: threading.Timer | None = None
         self._leases: dict[int, SlotLease] = {}
         self._hb_stop = threading.Event()
         self._optuna: Any = None
@@ -236,11 +240,21 @@ class Worker:
             self._stop_at = time.monotonic()
             self._stop.set()
             _log.info("worker %s draining (up to %.0f s)", self.id[:8], self.settings.drain_timeout)
+            # Whatever the loop is waiting on (a compile, the database), the drain time holds.
+            self._drain_timer = threading.Timer(self.settings.drain_timeout, self.abort)
+            self._drain_timer.daemon = True
+            self._drain_timer.start()
 
     def abort(self) -> None:
-        """Hand back the candidates in flight and exit."""
+        """Hand back the candidates in flight and exit; database calls in flight fail at once."""
         self.drain()
-        self._abort.set()
+        if not self._abort.is_set():
+            self._abort.set()
+            self.store.interrupt()
+            if self._optuna is not None:
+                from ..store.guard import interrupt
+
+                interrupt(self._optuna.engine)
 
     @property
     def draining(self) -> bool:
@@ -285,20 +299,37 @@ class Worker:
                 try:
                     self._run_job(*claim)
                 except Exception as exc:  # noqa: BLE001 - a bug met on one job must not take the worker down
+                    if self._abort.is_set():
+                        break  # leaving: what it holds is handed back below
                     self._job_crashed(claim[0], exc)
         finally:
-            self._hand_back(list(self._leases.values()))
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
             self._hb_stop.set()
-            heartbeat.join(timeout=5)
-            try:
-                self.queue.worker_stopped(self.id)
-            except StoreError as exc:
-                _log.warning("could not mark worker %s stopped: %s", self.id[:8], exc)
+            self._goodbye()
+            heartbeat.join(timeout=2)
             self.stages.close()
             if self._optuna is not None:
                 self._optuna.engine.dispose()
             _log.info("worker %s stopped: %d trial(s) recorded, %d late result(s) refused", self.id[:8], self.finished, self.rejected)
         return jobs
+
+    def _goodbye(self) -> None:
+        """Hand back the leases and sign off, within GOODBYE_S: a database that does
+        not answer must not keep a stopping worker alive (the sweeper re-queues)."""
+
+        def goodbye() -> None:
+            self._hand_back(list(self._leases.values()))
+            try:
+                self.queue.worker_stopped(self.id)
+            except StoreError as exc:
+                _log.warning("could not mark worker %s stopped: %s", self.id[:8], exc)
+
+        thread = threading.Thread(target=goodbye, name="ws-tune-goodbye", daemon=True)
+        thread.start()
+        thread.join(GOODBYE_S)
+        if thread.is_alive():
+            _log.warning("worker %s: the database did not answer while leaving; the sweeper will re-queue its trials", self.id[:8])
 
     def _heartbeat_loop(self) -> None:
         settings = self.settings
@@ -319,7 +350,7 @@ class Worker:
         if self._optuna is None:
             from ..store.queue import optuna_storage
 
-            self._optuna = self._db("open Optuna storage", optuna_storage, self.store.url)
+            self._optuna = self._db("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
         return self._optuna
 
     def _run_job(self, job: JobRecord, started: bool) -> None:
@@ -374,12 +405,15 @@ class Worker:
             self._stop.wait(min(self.settings.poll_interval * 5, 10.0))
 
     def _hand_back(self, leases: list[SlotLease]) -> None:
+        reachable = True  # after one failure, leave the rest to the sweeper rather than wait on each
         for lease in leases:
-            try:
-                if self.queue.release_slot(lease):
-                    _log.info("handed back trial %d (job %d) for another worker", lease.id, lease.job_id)
-            except StoreError as exc:
-                _log.warning("could not hand back trial %d: %s (the sweeper will)", lease.id, exc)
+            if reachable:
+                try:
+                    if self.queue.release_slot(lease):
+                        _log.info("handed back trial %d (job %d) for another worker", lease.id, lease.job_id)
+                except StoreError as exc:
+                    reachable = False
+                    _log.warning("could not hand back trial %d: %s (the sweeper will)", lease.id, exc)
             self._leases.pop(lease.id, None)
 
 

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from ..candidate import Candidate, canonical_json
 from ..result import Status, TrialResult
+from .guard import DbTimeouts, guard_postgresql
 from .models import JobModel, JobTrialModel, KernelModel, WorkerModel
 from .repository import Store, StoreError, _upsert_trial, _utc, mask_url
 
@@ -696,25 +697,26 @@ def _abort_stalled_transactions(store: Store, seconds: float) -> None:
     engine.dispose()  # pooled connections predate the setting
 
 
-def optuna_storage(url: str, *, attempts: int = 5) -> Any:
+def optuna_storage(url: str, *, attempts: int = 5, timeouts: DbTimeouts | None = None) -> Any:
     """Optuna's RDB storage on the store's database, so that workers on any host
     share a job's sampler state. On SQLite its connections get the store's
     treatment (WAL, ``BEGIN IMMEDIATE``, a long busy timeout): Optuna's own
     read-then-write transactions otherwise fail at once with "database is
-    locked" under concurrent workers. Creating the tables races between workers
-    starting together, so it is retried."""
+    locked" under concurrent workers. On PostgreSQL, the store's bounds on
+    every wait (guard.py). Creating the tables races between workers starting
+    together, so it is retried."""
     import optuna
-    from sqlalchemy import event
+    from sqlalchemy import event, make_url
 
     from . import repository
 
     engine_kwargs: dict[str, Any] = {}
     sqlite = url.startswith("sqlite")
+    timeouts = timeouts or DbTimeouts()
     if sqlite:
         engine_kwargs["connect_args"] = {"check_same_thread": False, "timeout": repository.SQLITE_BUSY_TIMEOUT_S}
     else:
-        engine_kwargs["pool_pre_ping"] = True
-        engine_kwargs["connect_args"] = {"connect_timeout": repository.PG_CONNECT_TIMEOUT_S}
+        engine_kwargs["connect_args"] = timeouts.connect_args(make_url(url).query)
     last: Exception | None = None
     for attempt in range(attempts):
         try:
@@ -728,5 +730,7 @@ def optuna_storage(url: str, *, attempts: int = 5) -> Any:
     if sqlite:
         event.listen(storage.engine, "connect", repository._sqlite_on_connect)
         event.listen(storage.engine, "begin", repository._sqlite_on_begin)
-        storage.engine.dispose()  # connections made so far lack the listeners
+    else:
+        guard_postgresql(storage.engine, timeouts)
+    storage.engine.dispose()  # connections made so far lack the listeners
     return storage
