@@ -1,4 +1,5 @@
-"""Shared dependencies of the routes: the services, and authentication by scope."""
+"""Shared dependencies of the routes: the services, authentication by scope, and
+the check of uploaded sources."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from .kernels import CheckerBusy
 from .security import JOBS_WRITE, KERNELS_UPLOAD, READ, Principal
 from .services import Services
 
@@ -45,3 +47,13 @@ class RequireScope:
 require_read = RequireScope(READ)
 JobsWriter = Annotated[Principal, Depends(RequireScope(JOBS_WRITE))]
 KernelUploader = Annotated[Principal, Depends(RequireScope(KERNELS_UPLOAD))]
+
+
+def check_upload(services: Services, source: str, name: str) -> None:
+    """That an uploaded source is Python (in the checker's processes): 422 if not, 503 when too busy."""
+    try:
+        services.checker.check(source, name)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    except CheckerBusy as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "2"}) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,17 +36,24 @@ def _operation_id(route: APIRoute) -> str:
     return f"{route.tags[0]}-{route.name}" if route.tags else route.name
 
 
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _validation_detail(exc: RequestValidationError) -> tuple[int, str]:
+    """(status, one line) for a request that failed validation: malformed JSON is a
+    400, anything else a 422 naming the first problem. The location keeps names
+    and indices only (pydantic's union branches are named after validator reprs)."""
     errors = exc.errors()
     if not errors:
         return 422, "invalid request"
     first = errors[0]
     if first.get("type") == "json_invalid":
-        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        reason = str((first.get("ctx") or {}).get("error", "invalid JSON")).splitlines()[0][:200]
         return 400, f"malformed JSON body: {reason}"
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",)) or "body"
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or _NAME.match(str(p)))) or "body"
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ").splitlines()[0][:300]
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return 422, f"{loc}: {first.get('msg', 'invalid')}{more}"
+    return 422, f"{loc}: {message}{more}"
 
 
 class _Sweeper(threading.Thread):
@@ -57,10 +65,9 @@ class _Sweeper(threading.Thread):
         self.services, self.stopping = services, threading.Event()
 
     def run(self) -> None:
-        settings = self.services.settings
-        while not self.stopping.wait(settings.heartbeat_interval):
+        while not self.stopping.wait(self.services.settings.heartbeat_interval):
             try:
-                self.services.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+                self.services.sweep()
             except StoreError as exc:
                 _log.warning("sweeper: %s", exc)
             except Exception:  # noqa: BLE001 - the sweeper must outlive a bad round
@@ -93,7 +100,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         generate_unique_id_function=_operation_id,
     )
     app.state.services = services
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
     app.include_router(api_router(settings))
 

@@ -48,7 +48,7 @@ from ..result import Status, TrialResult
 from ..runner import EvaluatorConfig, RunInput, Runner
 from ..search import Proposal, SearchStrategy
 from ..store import Store, StoreError, StoredTrial
-from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease
+from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease, study_name
 from ..store.registry import Registry
 from ..workload import Environment, WorkloadKey
 from .config import Settings
@@ -341,6 +341,8 @@ class Worker:
                     if lost in self._leases:
                         _log.warning("lease of trial %d lost (expired or handed over); its result will be refused", lost)
                 self.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+                if self._optuna is not None:
+                    self.queue.fail_orphan_trials(self._optuna, self.queue.sampled_jobs(), grace=settings.grace)
             except StoreError as exc:
                 _log.warning("heartbeat: %s", exc)
             except Exception:  # noqa: BLE001 - the heartbeat must not die
@@ -380,7 +382,7 @@ class Worker:
         }  # fmt: skip
         seed = (job.seed + zlib.crc32(self.id.encode())) & 0x7FFFFFFF  # workers sample differently
         storage = self._optuna_storage() if job.strategy != "grid" else None
-        strategy = search.create(job.strategy, seed=seed, storage=storage, study_name=f"job-{job.id}")
+        strategy = search.create(job.strategy, seed=seed, storage=storage, study_name=study_name(job.id))
         history = [(t.result.info.get("decisions", {}), t.result) for t in known.values()]
         self._db("start the sampler", strategy.pre_tuning, engine.space, history)
         try:

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import and_, delete, exists, false, func, insert, or_, select, true, update
@@ -672,6 +672,59 @@ class JobQueue:
         if requeued or failed:
             _log.warning("sweeper: re-queued %d stale trial(s), quarantined %d", requeued, failed)
         return SweepReport(requeued, failed, finished, lost)
+
+
+    # --- the sampler's trials ---------------------------------------------------
+    def sampled_jobs(self, *, finished_within: float = 3600.0) -> list[int]:
+        """Jobs whose sampler lives in Optuna's storage (not grid) that are running
+        or finished lately: those whose studies may hold orphaned trials."""
+        query = select(JobModel.id).where(
+            JobModel.strategy != "grid",
+            or_(JobModel.state == RUNNING,
+                and_(JobModel.state.in_(FINAL_JOB_STATES), JobModel.finished_at >= self._ago(finished_within))),
+        )  # fmt: skip
+        with self.store.session_scope(read_only=True) as session:
+            return list(session.scalars(query.order_by(JobModel.id).limit(1000)))
+
+    def fail_orphan_trials(self, storage: Any, job_ids: Iterable[int], *, grace: float) -> int:
+        """Fail the RUNNING trials of the jobs' Optuna studies that no open slot holds
+        and that were asked for more than ``2 * grace`` seconds ago: a worker asked
+        the sampler, then died before recording a result (or before giving the
+        trial to a slot), and no one else will tell it. Returns how many."""
+        from optuna.trial import TrialState
+
+        failed = 0
+        cutoff = datetime.now() - timedelta(seconds=2 * grace)  # Optuna stamps datetime_start with the asker's local clock
+        for job_id in job_ids:
+            try:
+                study_id = storage.get_study_id_from_name(study_name(job_id))
+            except KeyError:
+                continue
+            running = [t for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+                       if t.datetime_start is not None and t.datetime_start < cutoff]  # fmt: skip
+            if not running:
+                continue
+            with self.store.session_scope(read_only=True) as session:
+                held = set(session.scalars(
+                    select(JobTrialModel.optuna_trial)
+                    .where(JobTrialModel.job_id == job_id, JobTrialModel.state.in_([QUEUED, RUNNING]),
+                           JobTrialModel.optuna_trial.is_not(None))
+                ))  # fmt: skip
+            for trial in running:
+                if trial.number in held:
+                    continue  # a slot will run it (again) and tell the sampler
+                try:
+                    failed += bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))
+                except Exception as exc:  # noqa: BLE001 - told meanwhile (UpdateFinishedTrialError): fine
+                    _log.debug("trial %d of job %d: %s", trial.number, job_id, exc)
+        if failed:
+            _log.warning("sweeper: failed %d sampler trial(s) left running by lost workers", failed)
+        return failed
+
+
+def study_name(job_id: int) -> str:
+    """The Optuna study that holds a job's sampler state."""
+    return f"job-{job_id}"
 
 
 def _abort_stalled_transactions(store: Store, seconds: float) -> None:

@@ -12,9 +12,10 @@ API_PREFIX = "/api/v1"
 
 
 def api_router(settings: Settings) -> APIRouter:
-    """Reads are public unless ``public_reads`` is off; mutations always need their scope."""
+    """Reads are public on a loopback host unless ``public_reads`` is off (beyond
+    loopback they always need a token); mutations always need their scope."""
     router = APIRouter(prefix=API_PREFIX)
-    reads = [] if settings.public_reads else [Depends(require_read)]
+    reads = [Depends(require_read)] if settings.reads_need_token else []
     router.include_router(health.router)  # probes never need a token
     for module in (jobs, best, kernels, workers):
         router.include_router(module.router, dependencies=reads)
