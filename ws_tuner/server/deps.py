@@ -3,7 +3,7 @@ the check of uploaded sources."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -57,3 +57,23 @@ def check_upload(services: Services, source: str, name: str) -> None:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     except CheckerBusy as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "2"}) from None
+
+
+def known_query_only(request: Request) -> None:
+    """Refuse query parameters the route does not take (422): a misspelt filter
+    must not silently widen a listing."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    known = _query_names(dependant)
+    unknown = next((name for name in request.query_params if name not in known), None)
+    if unknown is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"query.{unknown[:64]}: unknown parameter")
+
+
+def _query_names(dependant: Any) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names

@@ -27,6 +27,7 @@ from ..store import StoreError
 from .api.main import API_PREFIX, api_router
 from .config import Settings
 from .middleware import BestLookupFastPath, BodySizeLimit
+from .schemas import EVERY_ROUTE
 from .services import Services
 
 _log = logging.getLogger("ws_tuner.server")
@@ -98,11 +99,21 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         summary="Tune TileLang warp-specialization schedules: jobs, workers, best-schedule lookups.",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        responses=EVERY_ROUTE,
     )
     app.state.services = services
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
     app.include_router(api_router(settings))
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _no_null_parameters(default_openapi())
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -120,6 +131,19 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         return JSONResponse({"detail": "internal server error"}, status_code=500)
 
     return app
+
+
+def _no_null_parameters(spec: dict[str, Any]) -> None:
+    """An optional parameter's schema says "or null", which a path or query string
+    cannot carry (absent is its null): keep the one real type."""
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", ()):
+                schema = parameter.get("schema", {})
+                kinds = [s for s in schema.get("anyOf", ()) if s != {"type": "null"}]
+                if "anyOf" in schema and len(kinds) == 1:
+                    del schema["anyOf"]
+                    schema.update(kinds[0])
 
 
 def app_from_env() -> Any:

@@ -33,6 +33,14 @@ def _storable(value: str) -> str:
     return value
 
 
+def _whole(value: Any) -> Any:
+    # JSON has one number type: 64.0 is the integer 64 (as JSON Schema says); 64.5 and "64" are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Whole = BeforeValidator(_whole)
+
+
 def text(min_length: int, max_length: int) -> Any:
     """A string of ``min_length`` to ``max_length`` characters that the databases can store."""
     return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length), AfterValidator(_storable)]
@@ -100,12 +108,12 @@ class JobCreate(_Strict):
     problem: Problem = Field(..., description="Problem arguments: 'M=4096,N=4096,K=4096' or an object",
                              examples=["M=4096,N=4096,K=4096"])  # fmt: skip
     params: text(1, 1024) | None = Field(None, description="Pinned kernel parameters, e.g. 'block_M=128'")  # type: ignore[valid-type]
-    budget: int = Field(64, ge=1, le=MAX_BUDGET, description="Search candidates to measure")
+    budget: Annotated[int, Field(ge=1, le=MAX_BUDGET), Whole] = Field(64, description="Search candidates to measure")
     time_budget: float | None = Field(
         None, gt=0, le=30 * 86400, allow_inf_nan=False, description="Stop claiming new candidates after this many seconds"
     )
     strategy: Strategy = "tpe"
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), Whole] = 0
     baselines: bool = Field(False, description="Also measure the kernel's own schedule and tilelang's lowerings")
     device: text(1, 256) | None = Field(None, description="Only workers on this device may run it")  # type: ignore[valid-type]
 
@@ -271,7 +279,7 @@ Digits = BeforeValidator(_digits)
 TrueOrFalse = BeforeValidator(_true_or_false)
 
 _REASONS = {
-    400: "Malformed request: invalid JSON or Content-Length",
+    400: "Malformed request: invalid JSON or Content-Length; or invalid HTTP, answered as plain text by the HTTP server",
     401: "Missing, invalid or revoked token",
     403: "The token lacks the scope, or the job is another token's",
     404: "Not found",
@@ -285,8 +293,12 @@ _REASONS = {
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route returns, all ``ErrorPublic``."""
-    return {status: {"model": ErrorPublic, "description": _REASONS[status]} for status in statuses}
+    out: dict[int | str, dict[str, Any]] = {status: {"model": ErrorPublic, "description": _REASONS[status]} for status in statuses}
+    if 400 in out:  # uvicorn refuses malformed HTTP itself, before any route, in plain text
+        out[400]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    return out
 
 
+EVERY_ROUTE = errors(400)  # any request can be malformed HTTP
 READ_ERRORS = (401, 422, 503)  # every read: a token when reads need one, parameters, the database
-WRITE_ERRORS = (400, 401, 403, 408, 413, 422, 503)  # every mutation: the body, the token and its scope
+WRITE_ERRORS = (401, 403, 408, 413, 422, 503)  # every mutation: the body, the token and its scope

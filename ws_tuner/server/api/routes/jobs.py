@@ -26,9 +26,9 @@ from ...security import ADMIN, KERNELS_UPLOAD
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-JobId = Annotated[int, Digits, Path(ge=1, le=2**31 - 1, description="Job id")]
-Limit = Annotated[int, Digits, Query(ge=1, le=500)]
-Offset = Annotated[int, Digits, Query(ge=0, le=2**31 - 1)]
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Job id"), Digits]
+Limit = Annotated[int, Query(ge=1, le=500), Digits]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1), Digits]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 SlotState = Literal["queued", "running", "done", "failed", "cancelled"]
 

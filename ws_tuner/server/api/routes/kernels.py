@@ -31,9 +31,9 @@ def upload_kernel(body: KernelCreate, services: ServicesDep, principal: KernelUp
 @router.get("", response_model=KernelsPublic, responses=errors(*READ_ERRORS))
 def list_kernels(
     services: ServicesDep,
-    registered: Annotated[bool | None, TrueOrFalse, Query()] = None,
-    limit: Annotated[int, Digits, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Digits, Query(ge=0, le=2**31 - 1)] = 0,
+    registered: Annotated[bool | None, Query(), TrueOrFalse] = None,
+    limit: Annotated[int, Query(ge=1, le=500), Digits] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1), Digits] = 0,
 ) -> KernelsPublic:
     """Registered kernels and uploaded sources (metadata only, never the source)."""
     records, count = services.registry.list_kernels(registered=registered, limit=limit, offset=offset)

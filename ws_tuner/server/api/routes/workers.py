@@ -13,7 +13,7 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 
 
 @router.get("", response_model=WorkersPublic, responses=errors(*READ_ERRORS))
-def list_workers(services: ServicesDep, alive: Annotated[bool, TrueOrFalse, Query()] = False) -> WorkersPublic:
+def list_workers(services: ServicesDep, alive: Annotated[bool, Query(), TrueOrFalse] = False) -> WorkersPublic:
     """Workers, newest first; ``alive``: only those whose heartbeat is within the grace period."""
     records = services.queue.list_workers(alive_within=services.settings.grace if alive else None)
     data = [
