@@ -16,6 +16,7 @@ import ast
 import json
 import logging
 import math
+import os
 import re
 import resource
 import threading
@@ -83,7 +84,7 @@ class SyntaxChecker:
 
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(max_workers=self.workers, max_tasks=100, context=sandbox.spawn_context(),
-                           initializer=_limit_memory, initargs=(self.memory_bytes,))  # fmt: skip
+                           initializer=_limit, initargs=(self.memory_bytes,))  # fmt: skip
 
     def check(self, source: str, name: str) -> None:
         """Like ``check_syntax``: ValueError (one line) when the source is not Python."""
@@ -114,9 +115,10 @@ class SyntaxChecker:
             self._pool.join(timeout=5)
 
 
-def _limit_memory(memory_bytes: int) -> None:
+def _limit(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.nice(10)  # the server's own requests come first on a busy machine
 
 
 def _check_in_child(source: str, name: str) -> str | None:

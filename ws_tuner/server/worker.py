@@ -370,6 +370,7 @@ class Worker:
                 raise
             message = f"cannot load kernel {job.kernel}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             _log.error("job %d failed: %s", job.id, message)
+            message = message.replace(str(self.settings.kernel_cache_dir), "<kernel cache>")  # the API shows it to anyone who reads
             self._db("fail job", self.queue.fail_job, job.id, message)
             return
         key = WorkloadKey.make(engine.kernel, engine.source_hash, engine.problem, self.stages.environment)

@@ -8,7 +8,9 @@ kernel has not noticed). Each wait gets a bound here:
 * connecting: libpq's ``connect_timeout``;
 * a peer that is gone: TCP keepalives, and ``tcp_user_timeout`` (the kernel
   gives up on data left unacknowledged);
-* statements and locks: the server's ``statement_timeout`` and ``lock_timeout``;
+* statements and locks: the server's ``statement_timeout`` and ``lock_timeout``
+  (and ``idle_in_transaction_session_timeout``: a session whose client went
+  silent inside a transaction would hold its row locks for ever);
 * a peer that acknowledges every packet and never answers (a proxy that
   forwards nothing): only the client can tell. A watchdog thread shuts down
   the socket of any connection held out of its pool longer than ``checkout``
@@ -129,6 +131,8 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
         with dbapi_connection.cursor() as cursor:
             cursor.execute(f"SET statement_timeout = {int(timeouts.statement * 1000)}")
             cursor.execute(f"SET lock_timeout = {int(timeouts.lock * 1000)}")
+            # Every transaction here takes milliseconds; one idle this long has lost its client.
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}")
         dbapi_connection.commit()
 
     def on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
