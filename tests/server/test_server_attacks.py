@@ -33,7 +33,6 @@ from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.kernel import load_kernel
 from ws_tuner.result import Status, Timing, TrialResult
 from ws_tuner.server.config import Settings
-from ws_tuner.server.kernels import CheckerBusy, SyntaxChecker
 from ws_tuner.store import Store
 from ws_tuner.workload import Environment, WorkloadKey
 
@@ -143,6 +142,8 @@ def _status(url: str) -> int:
 
 def test_the_upload_checker_is_bounded() -> None:
     """Time, memory and queue: each limit gives a clear answer, and the pool lives on."""
+    from ws_tuner.server.kernels import CheckerBusy, SyntaxChecker
+
     slow = "x = 1\n" * 150_000  # seconds to parse, about 500 MiB
     quick = SyntaxChecker(workers=1, timeout=0.5, memory_bytes=1024 * MIB, max_pending=1)
     lean = SyntaxChecker(workers=1, timeout=60, memory_bytes=256 * MIB)

@@ -139,3 +139,21 @@ def test_every_mutation_needs_a_token(fuzzed: str) -> None:
                 response = client.request(method.upper(), url, json={}, headers=headers)
                 assert response.status_code == 401, (path, headers, response.text)
                 assert isinstance(response.json()["detail"], str)
+
+
+def test_openapi_declares_one_error_shape() -> None:
+    """Every operation: malformed requests (400, JSON or the HTTP server's plain
+    text), and every other error as ErrorPublic; no list-shaped validation errors."""
+    spec = _spec()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert set(responses["400"]["content"]) == {"application/json", "text/plain"}, (method, path)
+            for status, response in responses.items():
+                if status.startswith(("4", "5")) and status != "400":
+                    assert response["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorPublic"}}}
+            if operation.get("parameters") or "requestBody" in operation:
+                assert "422" in responses, (method, path)
+            if method == "post":
+                assert {"401", "403", "408", "413", "503"} <= set(responses), (method, path)

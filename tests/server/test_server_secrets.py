@@ -148,8 +148,8 @@ def test_uploaded_kernel_finds_no_secret_in_a_worker(
     with live.client() as client:
         done = client.get(f"/jobs/{job.json()['id']}").json()
     assert done["state"] == "failed" and "spy done" in done["error"], done
-    assert str(tmp_path) not in done["error"]  # the worker's paths stay on the worker
     _assert_found_nothing(out, markers, {})
+    assert str(tmp_path) not in done["error"]  # the worker's paths stay on the worker
 
 
 def _ready(url: str) -> bool:
