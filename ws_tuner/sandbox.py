@@ -41,8 +41,8 @@ ALLOWED_NAMES = frozenset({
     "CPLUS_INCLUDE_PATH", "CC", "CXX", "CUDACXX", "XDG_CACHE_HOME", "ROCM_PATH", "NVSHMEM_HOME",
 })  # fmt: skip
 ALLOWED_PREFIXES = (
-    "LC_", "CUDA_", "NVIDIA_", "NVCC_", "TVM_", "TL_", "TILELANG_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_",
-    "OMP_", "MKL_", "OPENBLAS_",
+    "LC_", "CUDA_", "NVIDIA_", "NVCC_", "CUBLAS_", "CUDNN_", "TVM_", "TL_", "TILELANG_", "TORCH_", "TORCHINDUCTOR_",
+    "PYTORCH_", "TRITON_", "OMP_", "MKL_", "OPENBLAS_",
 )  # fmt: skip
 _PR_SET_DUMPABLE = 4
 

@@ -131,8 +131,14 @@ def test_job_finishes_after_a_black_hole(proxy, pg_url: str, make_job: Callable,
     time.sleep(max(0.0, 8 - (time.monotonic() - holed_at)))
     assert all(w.poll() is None for w in workers), "a worker died in the black hole"
     hole.heal()  # new connections work again; every old one stays silent
+    healed = time.monotonic()
+    before = queue.get_job(job.id).search_counts.get("done", 0)
+    wait_for(lambda: queue.get_job(job.id).search_counts.get("done", 0) > before, 60, 0.1, "the job to go on")
+    resumed = time.monotonic() - healed
 
     done = wait_for(lambda: (j := queue.get_job(job.id)).state == "succeeded" and j, 90, 0.2, "the job to finish")
+    print(f"\nblack hole: the job went on {resumed:.1f} s after new connections worked again "
+          f"(db_timeout {DB_TIMEOUT} s), finished {time.monotonic() - healed:.1f} s after")  # fmt: skip
     assert [w.wait(60) for w in workers] == [0, 0], [w.log_path.read_text()[-2000:] for w in workers]
     trials, count = queue.job_trials(job.id, limit=500)
     assert count == 60 and {t.state for t in trials} == {"done"}  # nothing lost, nothing stuck RUNNING
@@ -161,6 +167,7 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
     took = time.monotonic() - signalled
     log = worker.log_path.read_text()
     assert code == 0, log[-3000:]
+    print(f"\nSIGTERM with the database silent: stopped after {took:.1f} s (drain time 3 s)")
     assert took < 3 + 8, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time"  # the drain, then a short goodbye
     assert "draining" in log
     # What it held is not lost: past the grace period, the sweeper re-queues it.

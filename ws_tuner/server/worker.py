@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 MAX_PROPOSALS_PER_SLOT = 200  # refused proposals in a row before the space counts as exhausted
 MAX_JOB_CRASHES = 3  # internal errors on one job before the worker fails it rather than retrying
-GOODBYE_S = 5.0  # seconds for handing back leases and signing off, once leaving (the sweeper does it otherwise)
+GOODBYE_S = 3.0  # seconds for handing back leases and signing off, once leaving (the sweeper does it otherwise)
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ class Worker:
                 self._drain_timer.cancel()
             self._hb_stop.set()
             self._goodbye()
-            heartbeat.join(timeout=2)
+            heartbeat.join(timeout=1)
             self.stages.close()
             if self._optuna is not None:
                 self._optuna.engine.dispose()
@@ -319,7 +319,8 @@ class Worker:
         not answer must not keep a stopping worker alive (the sweeper re-queues)."""
 
         def goodbye() -> None:
-            self._hand_back(list(self._leases.values()))
+            if not self._hand_back(list(self._leases.values())):
+                return
             try:
                 self.queue.worker_stopped(self.id)
             except StoreError as exc:
@@ -407,7 +408,8 @@ class Worker:
         else:
             self._stop.wait(min(self.settings.poll_interval * 5, 10.0))
 
-    def _hand_back(self, leases: list[SlotLease]) -> None:
+    def _hand_back(self, leases: list[SlotLease]) -> bool:
+        """Re-queue these leases; False if the database did not answer (the sweeper will)."""
         reachable = True  # after one failure, leave the rest to the sweeper rather than wait on each
         for lease in leases:
             if reachable:
@@ -418,6 +420,7 @@ class Worker:
                     reachable = False
                     _log.warning("could not hand back trial %d: %s (the sweeper will)", lease.id, exc)
             self._leases.pop(lease.id, None)
+        return reachable
 
 
 class _JobRun:
