@@ -12,7 +12,8 @@ name (422), cancelling a job that has finished (409), a body over the server's
 byte limit (413; the schema counts characters). Those four operations may
 answer so to schema-valid data; every other operation may not. And a request
 refused for its size (413) counts as refused, as a 422 would. 5xx is never
-expected.
+expected. A hook (schemathesis_hooks.py) drops generated query values that
+cannot be sent (an empty list vanishes from the URL).
 
 Kept to a few dozen examples per operation so that the suite stays fast; run
 with WS_TUNE_FUZZ_EXAMPLES=500 for a longer hunt. The schemathesis command line
@@ -36,6 +37,7 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
+import schemathesis_hooks  # noqa: F401 - registers the hook
 from svc_helpers import fast_settings, wait_for
 
 from ws_tuner.server.main import create_app
@@ -118,10 +120,12 @@ def test_schemathesis_command_line(fuzzed: str, tmp_path: Path) -> None:
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     st = Path(sys.executable).with_name("st")
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(
         [str(st), "--no-color", "--config-file", str(config), "run", f"{fuzzed}/openapi.json", "--checks", "all",
          "--url", fuzzed, "-H", f"Authorization: Bearer {TOKEN}", "--max-examples", str(EXAMPLES), "--seed", "1"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[run.stdout.find("FAILURES"):][:6000]
     assert "Failures:" not in run.stdout and "Test cases:" in run.stdout, run.stdout[-3000:]

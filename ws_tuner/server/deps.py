@@ -60,16 +60,21 @@ def check_upload(services: Services, source: str, name: str) -> None:
 
 
 def known_query_only(request: Request) -> None:
-    """Refuse query parameters the route does not take (422): a misspelt filter
-    must not silently widen a listing."""
+    """Refuse query parameters the route does not take, and any given twice (422):
+    a misspelt filter must not silently widen a listing, nor ``?limit=5&limit=500``
+    mean whichever one the framework happens to keep."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     if dependant is None or not request.query_params:
         return
     known = _query_names(dependant)
-    unknown = next((name for name in request.query_params if name not in known), None)
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = next((name for name in names if name not in known), None)
     if unknown is not None:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"query.{unknown[:64]}: unknown parameter")
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"query.{repeated}: given more than once")
 
 
 def _query_names(dependant: Any) -> set[str]:
