@@ -308,6 +308,7 @@ PARAMETERS = [
     ("GET", "/jobs?limit=1.0", "query.limit"), ("GET", "/jobs?limit=true", "query.limit"),
     ("GET", "/workers?alive=yes", "query.alive"), ("GET", "/kernels?registered=1", "query.registered"),
     ("GET", "/jobs?stat=queued", "query.stat: unknown parameter"),
+    ("GET", "/jobs?limit=5&limit=500", "query.limit: given more than once"),
 ]  # fmt: skip
 _INTERNALS = re.compile(r"0x[0-9a-f]{6,}|<function|functools|Traceback|pydantic|\[type=|function-after")
 
