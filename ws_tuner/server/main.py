@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings)`` assembles it.
 
-For uvicorn: ``uvicorn --factory ws_tuner.server.main:create_app`` (settings
-from ``WS_TUNE_*`` variables and ``WS_TUNE_CONFIG``). The schema comes from
+For uvicorn: ``uvicorn --factory ws_tuner.server.main:app_from_env`` (settings
+from ``WS_TUNE_*`` variables and ``WS_TUNE_CONFIG``; the process seals itself). The schema comes from
 the Alembic migrations (``ws-tune db upgrade``, the deploy's prestart step); a
 server finding an older schema refuses to start rather than migrating under
 running workers. Every error body is ``{"detail": "<one line>"}``.
