@@ -8,7 +8,9 @@ comma-separated list in the environment.
 
 from __future__ import annotations
 
+import math
 import os
+import string
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,11 +23,26 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ..store.guard import DbTimeouts
+from .security import is_loopback
+
 CONFIG_ENV = "WS_TUNE_CONFIG"
 MIB = 1024 * 1024
-# A bootstrap token must not be a placeholder someone forgot to change.
-_PLACEHOLDERS = {"changethis", "changeme", "secret", "password", "token"}
 MIN_TOKEN_LENGTH = 24
+MIN_TOKEN_BITS = 100  # as estimated by token_bits(); secrets.token_urlsafe(32) scores about 240
+_ALPHABETS = (string.digits, "0123456789abcdef", string.ascii_lowercase, string.ascii_letters + string.digits,
+              string.ascii_letters + string.digits + "-_", string.printable.strip())  # fmt: skip
+
+
+def token_bits(secret: str) -> float:
+    """A rough lower estimate of a token's entropy: its distinct three-character
+    runs, each worth the bits of the smallest alphabet that spells the token.
+    Repetition ("changethis" three times) and placeholders score low; random
+    strings of 24 or more url-safe characters score well above MIN_TOKEN_BITS."""
+    alphabet = next((a for a in _ALPHABETS if set(secret) <= set(a)), None)
+    size = len(alphabet) if alphabet else 256
+    runs = {secret[i : i + 3] for i in range(max(len(secret) - 2, 0))}
+    return len(runs) * math.log2(size)
 
 
 class Settings(BaseSettings):
@@ -47,12 +64,22 @@ class Settings(BaseSettings):
     bootstrap_token: SecretStr | None = Field(
         None, description="an admin token given by the environment (e.g. a compose secret), accepted besides the stored ones"
     )
-    public_reads: bool = Field(True, description="GET endpoints need no token (mutations always do)")
+    public_reads: bool = Field(
+        True, description="GET endpoints need no token (mutations always do); only on a loopback host: beyond it, reads need a token"
+    )
     max_body_bytes: int = Field(1 * MIB, ge=1024, description="larger request bodies get 413")
+    body_timeout: float = Field(30.0, gt=0, description="seconds a client has to send a request's body (then 408)")
+    upload_check_workers: int = Field(2, ge=1, le=16, description="processes that check uploaded sources' syntax")
+    upload_check_timeout: float = Field(10.0, gt=0, description="seconds an uploaded source may take to parse")
+    upload_check_memory: int = Field(1024 * MIB, ge=64 * MIB, description="bytes of memory one check may use")
     max_budget: int = Field(100_000, ge=1)
     best_cache_ttl: float = Field(1.0, ge=0, description="seconds a best-schedule answer is served from memory")
     auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
     log_level: str = "info"
+
+    db_timeout: float = Field(
+        15.0, gt=0, le=600, description="seconds one database call may take (statements, locks, a silent connection)"
+    )
 
     # --- workers and leases --------------------------------------------------
     heartbeat_interval: float = Field(5.0, gt=0)
@@ -75,12 +102,21 @@ class Settings(BaseSettings):
         if value is None or not value.get_secret_value():
             return None
         secret = value.get_secret_value()
-        if secret.lower() in _PLACEHOLDERS or len(secret) < MIN_TOKEN_LENGTH:
+        if len(secret) < MIN_TOKEN_LENGTH or token_bits(secret) < MIN_TOKEN_BITS:
             raise ValueError(
-                f"WS_TUNE_BOOTSTRAP_TOKEN must be a random string of at least {MIN_TOKEN_LENGTH} characters "
-                "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+                f"WS_TUNE_BOOTSTRAP_TOKEN must be a random string of at least {MIN_TOKEN_LENGTH} characters, "
+                "not a word or a repeated pattern (e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
         return value
+
+    @property
+    def reads_need_token(self) -> bool:
+        """Reads are public only when allowed and the server listens on loopback alone."""
+        return not (self.public_reads and is_loopback(self.host))
+
+    @property
+    def db_timeouts(self) -> DbTimeouts:
+        return DbTimeouts.within(self.db_timeout)
 
     @property
     def grace(self) -> float:
@@ -114,4 +150,5 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
-        raise ValueError(f"invalid setting {where}: {first.get('msg', 'invalid')}") from None
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise ValueError(f"invalid setting {where}: {message}") from None

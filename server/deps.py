@@ -1,12 +1,14 @@
-"""Shared dependencies of the routes: the services, and authentication by scope."""
+"""Shared dependencies of the routes: the services, authentication by scope, and
+the check of uploaded sources."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from .kernels import CheckerBusy
 from .security import JOBS_WRITE, KERNELS_UPLOAD, READ, Principal
 from .services import Services
 
@@ -45,3 +47,38 @@ class RequireScope:
 require_read = RequireScope(READ)
 JobsWriter = Annotated[Principal, Depends(RequireScope(JOBS_WRITE))]
 KernelUploader = Annotated[Principal, Depends(RequireScope(KERNELS_UPLOAD))]
+
+
+def check_upload(services: Services, source: str, name: str) -> None:
+    """That an uploaded source is Python (in the checker's processes): 422 if not, 503 when too busy."""
+    try:
+        services.checker.check(source, name)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    except CheckerBusy as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "2"}) from None
+
+
+def known_query_only(request: Request) -> None:
+    """Refuse query parameters the route does not take, and any given twice (422):
+    a misspelt filter must not silently widen a listing, nor ``?limit=5&limit=500``
+    mean whichever one the framework happens to keep."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    known = _query_names(dependant)
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = next((name for name in names if name not in known), None)
+    if unknown is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"query.{unknown[:64]}: unknown parameter")
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"query.{repeated}: given more than once")
+
+
+def _query_names(dependant: Any) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names

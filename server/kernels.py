@@ -5,8 +5,9 @@ stores uploaded sources, content-addressed. It reads a registered file's
 ``PROBLEM`` and ``CHOICES`` *literals* from its syntax tree (``ast``), so that
 a problem can be checked with ``KernelSpec.parse_problem`` at submission;
 nothing is imported or executed. An uploaded source is only checked to be
-Python; its problem arguments are checked for syntax, and the worker that
-loads it reports anything else on the job.
+Python (off the server's event loop and out of its process: ``SyntaxChecker``);
+its problem arguments are checked for syntax, and the worker that loads it
+reports anything else on the job.
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
+import os
 import re
+import resource
+import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from pebble import ProcessExpired, ProcessPool
+
+from .. import sandbox
 from ..kernel import KernelFileError, KernelSpec, parse_assignments
 
 _log = logging.getLogger(__name__)
@@ -27,6 +36,18 @@ NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_PROBLEM_KEYS = 32
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # problem and parameter integers fit 64 bits (and every JSON reader)
+
+
+def check_number(what: str, value: Any) -> Any:
+    """``value`` unless it is an integer beyond 64 bits or a float that is not finite."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"{what} is out of range (integers must fit 64 bits)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number")
+    return value
 
 
 def check_name(name: str) -> str:
@@ -43,6 +64,69 @@ def check_syntax(source: str, name: str) -> None:
         raise ValueError(f"kernel source does not parse: line {exc.lineno}: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise ValueError(f"kernel source does not parse: {type(exc).__name__}") from None
+
+
+class CheckerBusy(RuntimeError):
+    """Too many uploads are being checked at once; the client should retry."""
+
+
+class SyntaxChecker:
+    """Checks uploaded sources in a few spawned processes, each bounded in time
+    and memory. Parsing a crafted megabyte of Python takes seconds and hundreds
+    of MiB: in the server's process it would hold the GIL (every request waits)
+    and keep the memory. At most ``max_pending`` checks wait; more get CheckerBusy."""
+
+    def __init__(self, workers: int, timeout: float, memory_bytes: int, max_pending: int = 32) -> None:
+        self.workers, self.timeout, self.memory_bytes = workers, timeout, memory_bytes
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPool:
+        return ProcessPool(max_workers=self.workers, max_tasks=100, context=sandbox.spawn_context(),
+                           initializer=_limit, initargs=(self.memory_bytes,))  # fmt: skip
+
+    def check(self, source: str, name: str) -> None:
+        """Like ``check_syntax``: ValueError (one line) when the source is not Python."""
+        if not self._slots.acquire(blocking=False):
+            raise CheckerBusy("too many kernel sources are being checked; try again shortly")
+        try:
+            with self._lock:
+                if not self._pool.active:  # broken (a child that could not start): start afresh
+                    self._pool = self._new_pool()
+                future = self._pool.schedule(_check_in_child, args=(source, name), timeout=self.timeout)
+            try:
+                error = future.result()
+            except FutureTimeout:
+                error = f"kernel source took more than {self.timeout:g} s to parse"
+            except ProcessExpired:
+                error = "kernel source is too complex to parse (the check ran out of memory)"
+            except Exception as exc:  # noqa: BLE001 - the pool itself failed: not the upload's fault
+                _log.error("the upload checker failed: %s: %s", type(exc).__name__, exc)
+                raise CheckerBusy("the upload checker is unavailable; try again shortly") from None
+        finally:
+            self._slots.release()
+        if error is not None:
+            raise ValueError(error)
+
+    def close(self) -> None:
+        with self._lock:
+            self._pool.stop()
+            self._pool.join(timeout=5)
+
+
+def _limit(memory_bytes: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.nice(10)  # the server's own requests come first on a busy machine
+
+
+def _check_in_child(source: str, name: str) -> str | None:
+    try:
+        check_syntax(source, name)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def problem_signature(source: str) -> dict[str, Any] | None:
@@ -90,6 +174,9 @@ def check_params(params: str | None, signature: dict[str, Any] | None) -> str | 
         unknown = sorted(set(pinned) - set(known))
         if unknown:
             raise ValueError(f"unknown kernel parameter {unknown[0]!r}; the kernel takes {', '.join(known)}")
+    for key, value in pinned.items():
+        if re.fullmatch(r"[+-]?\d+", value):
+            check_number(f"parameter {key}", int(value))
     return ",".join(f"{k}={v}" for k, v in pinned.items())
 
 
@@ -118,12 +205,15 @@ def _scalar(key: str, value: Any) -> Any:
     if isinstance(value, str):
         if not value or len(value) > 256:
             raise ValueError(f"problem argument {key} needs a value of 1 to 256 characters")
-        for kind in (int, float):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-        return value
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value  # "nan", "inf", 1e999: text, not numbers
     raise ValueError(f"problem argument {key} must be a number or a string")
 
 
@@ -159,6 +249,7 @@ def normalize_problem(name: str, problem: str | dict[str, Any], signature: dict[
     for key, value in given.items():
         given[key] = _scalar(str(key), value) if isinstance(value, str) else value
         _scalar(str(key), given[key])
+        check_number(f"problem argument {key}", given[key])
     if signature is None:
         return given, False
     defaults = signature["defaults"]
@@ -177,4 +268,5 @@ def normalize_problem(name: str, problem: str | dict[str, Any], signature: dict[
             full[key] = float(value)
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ValueError(f"problem argument {key}={value!r} should be {want.__name__}")
+        check_number(f"problem argument {key}", full[key])
     return full, True

@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings)`` assembles it.
 
-For uvicorn: ``uvicorn --factory ws_tuner.server.main:create_app`` (settings
-from ``WS_TUNE_*`` variables and ``WS_TUNE_CONFIG``). The schema comes from
+For uvicorn: ``uvicorn --factory ws_tuner.server.main:app_from_env`` (settings
+from ``WS_TUNE_*`` variables and ``WS_TUNE_CONFIG``; the process seals itself). The schema comes from
 the Alembic migrations (``ws-tune db upgrade``, the deploy's prestart step); a
 server finding an older schema refuses to start rather than migrating under
 running workers. Every error body is ``{"detail": "<one line>"}``.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,6 +27,7 @@ from ..store import StoreError
 from .api.main import API_PREFIX, api_router
 from .config import Settings
 from .middleware import BestLookupFastPath, BodySizeLimit
+from .schemas import EVERY_ROUTE
 from .services import Services
 
 _log = logging.getLogger("ws_tuner.server")
@@ -35,17 +37,24 @@ def _operation_id(route: APIRoute) -> str:
     return f"{route.tags[0]}-{route.name}" if route.tags else route.name
 
 
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _validation_detail(exc: RequestValidationError) -> tuple[int, str]:
+    """(status, one line) for a request that failed validation: malformed JSON is a
+    400, anything else a 422 naming the first problem. The location keeps names
+    and indices only (pydantic's union branches are named after validator reprs)."""
     errors = exc.errors()
     if not errors:
         return 422, "invalid request"
     first = errors[0]
     if first.get("type") == "json_invalid":
-        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        reason = str((first.get("ctx") or {}).get("error", "invalid JSON")).splitlines()[0][:200]
         return 400, f"malformed JSON body: {reason}"
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",)) or "body"
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or _NAME.match(str(p)))) or "body"
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ").splitlines()[0][:300]
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return 422, f"{loc}: {first.get('msg', 'invalid')}{more}"
+    return 422, f"{loc}: {message}{more}"
 
 
 class _Sweeper(threading.Thread):
@@ -57,10 +66,9 @@ class _Sweeper(threading.Thread):
         self.services, self.stopping = services, threading.Event()
 
     def run(self) -> None:
-        settings = self.services.settings
-        while not self.stopping.wait(settings.heartbeat_interval):
+        while not self.stopping.wait(self.services.settings.heartbeat_interval):
             try:
-                self.services.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+                self.services.sweep()
             except StoreError as exc:
                 _log.warning("sweeper: %s", exc)
             except Exception:  # noqa: BLE001 - the sweeper must outlive a bad round
@@ -91,11 +99,21 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         summary="Tune TileLang warp-specialization schedules: jobs, workers, best-schedule lookups.",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        responses=EVERY_ROUTE,
     )
     app.state.services = services
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
     app.include_router(api_router(settings))
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _no_null_parameters(default_openapi())
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -115,6 +133,21 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     return app
 
 
+def _no_null_parameters(spec: dict[str, Any]) -> None:
+    """An optional parameter's schema says "or null", which a path or query string
+    cannot carry (absent is its null): keep the one real type."""
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", ()):
+                schema = parameter.get("schema", {})
+                kinds = [s for s in schema.get("anyOf", ()) if s != {"type": "null"}]
+                if "anyOf" in schema and len(kinds) == 1:
+                    del schema["anyOf"]
+                    schema.update(kinds[0])
+
+
 def app_from_env() -> Any:
     """The factory uvicorn's worker processes call (``--factory``)."""
-    return create_app(Settings())
+    from .service import seal
+
+    return create_app(seal(Settings()))

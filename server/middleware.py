@@ -1,8 +1,10 @@
-"""ASGI middleware: the request-size limit, and the fast path of best-schedule lookups."""
+"""ASGI middleware: the request-size and body-time limits, and the fast path of best-schedule lookups."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 Scope = dict[str, Any]
@@ -19,14 +21,16 @@ async def _send_error(send: Any, status: int, detail: str) -> None:
 
 
 class BodySizeLimit:
-    """Refuse request bodies over ``max_bytes`` with 413, before the app sees them.
+    """Refuse request bodies over ``max_bytes`` with 413, and bodies that do not
+    arrive within ``timeout`` seconds with 408, before the app sees them.
 
-    A declared Content-Length is checked up front; a chunked body is read (up to
-    the limit, never more) and replayed to the app, so a client cannot stream
-    an endless body into a JSON parser."""
+    A declared Content-Length is checked up front; the body is read (up to the
+    limit, never more) and replayed to the app, so a client can neither stream
+    an endless body into a JSON parser nor hold a connection by declaring more
+    than it sends."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, timeout: float = 30.0) -> None:
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -45,8 +49,13 @@ class BodySizeLimit:
                     return
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + self.timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                await _send_error(send, 408, f"request body not received within {self.timeout:g} s")
+                return
             if message["type"] == "http.disconnect":
                 return
             body = message.get("body", b"")

@@ -2,16 +2,21 @@
 
 These are the API's shapes only: the store hands back its own records and
 the routes convert; no ORM object reaches a response.
+
+Requests are strict: JSON types as declared (no "10" for 10, no true for 1,
+no "yes" for true), integers bounded, floats finite, unknown fields refused.
+Every error body is ``ErrorPublic``: ``{"detail": "<one line>"}``.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag, WithJsonSchema
 
-from .kernels import NAME_PATTERN
+from .kernels import INT_MAX, INT_MIN, NAME_PATTERN
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
@@ -28,23 +33,62 @@ def _storable(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable)]
+def _whole(value: Any) -> Any:
+    # JSON has one number type: 64.0 is the integer 64 (as JSON Schema says); 64.5 and "64" are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Whole = BeforeValidator(_whole)
+
+
+def text(min_length: int, max_length: int) -> Any:
+    """A string of ``min_length`` to ``max_length`` characters that the databases can store."""
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length), AfterValidator(_storable)]
+
+
+def _problem_kind(value: Any) -> str | None:
+    return "problem-text" if isinstance(value, str) else "problem-object" if isinstance(value, dict) else None
+
+
+def _json_kind(value: Any) -> str | None:
+    # bool before int: in Python, True is an int
+    for kind, types in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
+        if isinstance(value, types):
+            return f"json-{kind}"
+    return None
+
+
 MAX_SOURCE_CHARS = 1024 * 1024
 MAX_BUDGET = 100_000
 Strategy = Literal["tpe", "random", "grid"]
-ProblemValue = Union[StrictInt, StrictFloat, StrictBool, Annotated[Text, Field(min_length=1, max_length=256)]]
-Problem = Union[
-    Annotated[Text, Field(min_length=1, max_length=2048, examples=["M=4096,N=4096,K=4096"])],
-    Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], ProblemValue], Field(min_length=1, max_length=32)],
-]
+# Unions are tagged by the JSON type given, so that an error names that form only
+# (tags are not identifiers: error locations leave them out, see main.py).
+ProblemValue = Annotated[
+    Union[Annotated[bool, Tag("json-boolean")], Annotated[int, Field(ge=INT_MIN, le=INT_MAX), Tag("json-integer")],
+          Annotated[float, Field(ge=INT_MIN, le=INT_MAX, allow_inf_nan=False), Tag("json-number")],
+          Annotated[text(1, 256), Tag("json-string")]],
+    Discriminator(_json_kind, custom_error_type="problem_value", custom_error_message="should be a number, a boolean or a string"),
+    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "number", "minimum": INT_MIN, "maximum": INT_MAX},
+                              {"type": "string", "minLength": 1, "maxLength": 256}]}),
+]  # fmt: skip
+Problem = Annotated[
+    Union[
+        Annotated[text(1, 2048), Tag("problem-text")],
+        Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], ProblemValue], Field(min_length=1, max_length=32), Tag("problem-object")],
+    ],
+    Discriminator(_problem_kind, custom_error_type="problem_type",
+                  custom_error_message="should be 'KEY=VALUE,...' text or an object"),
+]  # fmt: skip
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ErrorPublic(BaseModel):
-    detail: str
+    """Every error: one line, no internals."""
+
+    detail: str = Field(examples=["budget: Input should be a valid integer"])
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -52,22 +96,26 @@ class ErrorPublic(BaseModel):
 
 class JobCreate(_Strict):
     kernel: str = Field(
-        ..., pattern=NAME_PATTERN, description="Kernel name: a registered kernel, or the name of the source below",
-        examples=["gemm"],
+        ..., pattern=NAME_PATTERN, examples=["gemm"],
+        description="Kernel name: a registered kernel, or the name of the source below (an upload keeps its name)",
     )  # fmt: skip
-    source: Text | None = Field(
-        None, min_length=1, max_length=MAX_SOURCE_CHARS,
-        description="Kernel file source to upload with the job (needs the kernels:upload scope)",
-    )  # fmt: skip
-    source_sha256: str | None = Field(None, pattern=SHA256_PATTERN, description="A previously uploaded kernel source")
-    problem: Problem = Field(..., description="Problem arguments: 'M=4096,N=4096,K=4096' or an object")
-    params: Text | None = Field(None, max_length=1024, description="Pinned kernel parameters, e.g. 'block_M=128'")
-    budget: int = Field(64, ge=1, le=MAX_BUDGET, description="Search candidates to measure")
-    time_budget: float | None = Field(None, gt=0, le=30 * 86400, description="Stop claiming new candidates after this many seconds")
+    source: text(1, MAX_SOURCE_CHARS) | None = Field(  # type: ignore[valid-type]
+        None, description="Kernel file source to upload with the job (needs the kernels:upload scope)"
+    )
+    source_sha256: str | None = Field(
+        None, pattern=SHA256_PATTERN, description="A previously uploaded kernel source, run under its own name"
+    )
+    problem: Problem = Field(..., description="Problem arguments: 'M=4096,N=4096,K=4096' or an object",
+                             examples=["M=4096,N=4096,K=4096"])  # fmt: skip
+    params: text(1, 1024) | None = Field(None, description="Pinned kernel parameters, e.g. 'block_M=128'")  # type: ignore[valid-type]
+    budget: Annotated[int, Field(ge=1, le=MAX_BUDGET), Whole] = Field(64, description="Search candidates to measure")
+    time_budget: float | None = Field(
+        None, gt=0, le=30 * 86400, allow_inf_nan=False, description="Stop claiming new candidates after this many seconds"
+    )
     strategy: Strategy = "tpe"
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), Whole] = 0
     baselines: bool = Field(False, description="Also measure the kernel's own schedule and tilelang's lowerings")
-    device: Text | None = Field(None, min_length=1, max_length=256, description="Only workers on this device may run it")
+    device: text(1, 256) | None = Field(None, description="Only workers on this device may run it")  # type: ignore[valid-type]
 
 
 class JobProgress(BaseModel):
@@ -141,7 +189,7 @@ class JobTrialsPublic(BaseModel):
 
 class KernelCreate(_Strict):
     name: str = Field(..., pattern=NAME_PATTERN, examples=["my_gemm"])
-    source: Text = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS)
+    source: text(1, MAX_SOURCE_CHARS) = Field(..., examples=["PROBLEM = {}\n"])  # type: ignore[valid-type]
 
 
 class KernelPublic(BaseModel):
@@ -207,3 +255,50 @@ class WorkerPublic(BaseModel):
 class WorkersPublic(BaseModel):
     data: list[WorkerPublic]
     count: int
+
+
+# --- parameters and error responses -----------------------------------------------
+
+
+def _digits(value: Any) -> Any:
+    # Path and query values arrive as text: an integer is plain digits ("1.0", "1e0" and " 1" are not).
+    if isinstance(value, str) and not re.fullmatch(r"[0-9]{1,19}", value):
+        raise ValueError("should be a whole number written in digits")
+    return value
+
+
+def _true_or_false(value: Any) -> Any:
+    if isinstance(value, str):
+        if value not in ("true", "false"):
+            raise ValueError("should be true or false")
+        return value == "true"
+    return value
+
+
+Digits = BeforeValidator(_digits)
+TrueOrFalse = BeforeValidator(_true_or_false)
+
+_REASONS = {
+    400: "Malformed request: invalid JSON or Content-Length; or invalid HTTP, answered as plain text by the HTTP server",
+    401: "Missing, invalid or revoked token",
+    403: "The token lacks the scope, or the job is another token's",
+    404: "Not found",
+    408: "The request body did not arrive within the server's body timeout",
+    409: "Conflict with the resource's state",
+    413: "Request body too large",
+    422: "Invalid input: one line naming the first problem",
+    503: "Database unavailable, or too busy to check an upload: retry (Retry-After)",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route returns, all ``ErrorPublic``."""
+    out: dict[int | str, dict[str, Any]] = {status: {"model": ErrorPublic, "description": _REASONS[status]} for status in statuses}
+    if 400 in out:  # uvicorn refuses malformed HTTP itself, before any route, in plain text
+        out[400]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    return out
+
+
+EVERY_ROUTE = errors(400)  # any request can be malformed HTTP
+READ_ERRORS = (401, 422, 503)  # every read: a token when reads need one, parameters, the database
+WRITE_ERRORS = (401, 403, 408, 413, 422, 503)  # every mutation: the body, the token and its scope

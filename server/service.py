@@ -5,11 +5,18 @@ unauthenticated server, starts the embedded workers as *subprocesses* (so
 uploaded kernel code never runs in the server's process), runs uvicorn, and
 drains the workers when it stops. ``worker`` runs one worker with signal
 handling: the first SIGTERM/SIGINT drains, the second hands back at once.
+
+Both seal themselves (sandbox.py) once their settings are read: no secret is
+left in their environment, and their memory and initial environment cannot be
+read by the kernel code that runs, as the same user, in a worker's children.
+An embedded worker gets its settings over a pipe (its stdin), never in its
+environment or command line, and never the bootstrap token.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -19,10 +26,11 @@ import threading
 import time
 from typing import Any
 
+from .. import sandbox
 from ..store import open_store
 from ..store.registry import Registry
 from ..store.repository import mask_url
-from .config import Settings
+from .config import Settings, load_settings
 from .security import is_loopback
 
 _log = logging.getLogger("ws_tuner.serve")
@@ -63,18 +71,53 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+# libpq reads these from the environment; a process that connects keeps them (PGPASSWORD aside, see below).
+LIBPQ_PREFIX = "PG"
+
+
+def seal(settings: Settings) -> Settings:
+    """Seal this process (sandbox.py), keeping what libpq reads besides the
+    password, which moves from PGPASSWORD into the settings' database URL."""
+    password = os.environ.pop("PGPASSWORD", None)
+    if password and settings.db and settings.db.startswith("postgresql"):
+        from sqlalchemy import make_url
+
+        url = make_url(settings.db)
+        if url.password is None:
+            settings = settings.model_copy(update={"db": url.set(password=password).render_as_string(hide_password=False)})
+    sandbox.seal_process(keep=[n for n in os.environ if n.startswith(LIBPQ_PREFIX)])
+    return settings
+
+
+def worker_settings_json(settings: Settings) -> str:
+    """What an embedded worker needs of the settings, as JSON for its stdin: no bootstrap token."""
+    return settings.model_dump_json(exclude={"bootstrap_token"})
+
+
+def read_worker_settings(stream: Any, **overrides: Any) -> Settings:
+    """The settings an embedded worker was given on ``stream`` (its stdin), with ``overrides`` on top."""
+    given = json.loads(stream.read() or "{}")
+    given.pop("bootstrap_token", None)
+    return load_settings(**{**given, **{k: v for k, v in overrides.items() if v is not None}})
+
+
 class EmbeddedWorkers:
     """Worker subprocesses of ``serve``, restarted if they die, drained at the end."""
 
-    def __init__(self, count: int, env: dict[str, str], args: list[str]) -> None:
-        self.count, self.env, self.args = count, env, args
+    def __init__(self, count: int, settings_json: str, args: list[str]) -> None:
+        self.count, self.settings_json, self.args = count, settings_json, args
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="ws-tune-workers", daemon=True)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "ws_tuner", "worker", *self.args]
-        return subprocess.Popen(cmd, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+        cmd = [sys.executable, "-m", "ws_tuner", "worker", "--settings-stdin", *self.args]
+        env = sandbox.clean_environment(keep=[n for n in os.environ if n.startswith(LIBPQ_PREFIX)])
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(self.settings_json.encode())
+        return proc
 
     def start(self) -> None:
         for i in range(self.count):
@@ -113,7 +156,8 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     from .services import Services
 
     configure_logging(settings.log_level)
-    store = open_store(settings.db)  # bad URL, unreachable server, outdated schema: one line, exit 2
+    settings = seal(settings)
+    store = open_store(settings.db, timeouts=settings.db_timeouts)  # bad URL, unreachable server, outdated schema: one line, exit 2
     url = store.url
     settings = settings.model_copy(update={"db": url})
     try:
@@ -121,12 +165,11 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     finally:
         store.close()
     workers = settings.workers if settings.workers is not None else (1 if url.startswith("sqlite") else 0)
-    env = settings_env(settings)
     fast = {
         "http": "httptools" if importlib.util.find_spec("httptools") else "auto",
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "auto",
     }
-    embedded = EmbeddedWorkers(workers, env, worker_args or []) if workers else None
+    embedded = EmbeddedWorkers(workers, worker_settings_json(settings), worker_args or []) if workers else None
     _log.info("ws-tune serving %s on http://%s:%d/api/v1 (docs at /docs), %d embedded worker(s)",
               mask_url(url), settings.host, settings.port, workers)  # fmt: skip
     if embedded:
@@ -143,8 +186,8 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
             server_header=False, proxy_headers=False, timeout_graceful_shutdown=10, **fast,
         )  # fmt: skip
         if settings.http_workers > 1:
-            # Worker processes build the app from the environment.
-            os.environ.update(env)
+            # uvicorn's processes build the app from the environment (and seal themselves, app_from_env).
+            os.environ.update(settings_env(settings))
             uvicorn.run("ws_tuner.server.main:app_from_env", factory=True, workers=settings.http_workers, **common)
         else:
             uvicorn.Server(uvicorn.Config(create_app(settings, services=Services.open(settings)), **common)).run()
@@ -157,7 +200,8 @@ def run_worker(settings: Settings, options: Any, *, stages: Any = None) -> int:
     from .worker import Worker
 
     configure_logging(settings.log_level)
-    store = open_store(settings.db)
+    settings = seal(settings).model_copy(update={"bootstrap_token": None})  # a worker has no use for it
+    store = open_store(settings.db, timeouts=settings.db_timeouts)
     try:
         worker = Worker(store, settings, options, stages=stages)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from ..candidate import canonical_json
 from ..store import Store, open_store
-from ..store.queue import JobQueue
+from ..store.queue import JobQueue, optuna_storage
 from ..store.registry import KernelRecord, Registry
 from . import kernels as kernel_files
 from .config import Settings
@@ -94,10 +94,14 @@ class Services:
         self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ws-tune-best")
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         self._bootstrap_hash = hash_token(token) if token else None
+        self._optuna: Any = None  # Optuna's storage, for the sweeper
+        self.checker = kernel_files.SyntaxChecker(
+            settings.upload_check_workers, settings.upload_check_timeout, settings.upload_check_memory
+        )
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        store = open_store(settings.db)
+        store = open_store(settings.db, timeouts=settings.db_timeouts)
         services = cls(settings, store)
         try:
             services.register_kernel_dirs()
@@ -108,7 +112,21 @@ class Services:
 
     def close(self) -> None:
         self._refresher.shutdown(wait=True, cancel_futures=True)
+        self.checker.close()
+        if self._optuna is not None:
+            self._optuna.engine.dispose()
         self.store.close()
+
+    def sweep(self) -> None:
+        """Re-queue stale trials, close finished jobs, and fail the sampler trials that
+        lost workers left running (Optuna's storage is opened once some job has one)."""
+        settings = self.settings
+        self.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+        jobs = self.queue.sampled_jobs()
+        if jobs:
+            if self._optuna is None:
+                self._optuna = optuna_storage(self.store.url, timeouts=self.store.timeouts)
+            self.queue.fail_orphan_trials(self._optuna, jobs, grace=settings.grace)
 
     # --- kernels ----------------------------------------------------------------
     def register_kernel_dirs(self) -> list[KernelRecord]:
@@ -213,7 +231,17 @@ class Services:
         except ValueError as exc:
             return CachedAnswer(422, _error(str(exc)))
         problem_json = canonical_json(full)
-        best = self.registry.best(kernel=kernel, problem=problem_json, device=device, source_hash=source_hash)
+        # One source of the kernel, never a mix: the one asked for, else the registered
+        # file's, else the only one that has results here.
+        if source_hash is None and registered is not None:
+            source_hash = registered.sha256
+        if source_hash is None:
+            sources = self.registry.timed_sources(kernel=kernel, problem=problem_json, device=device)
+            if len(sources) > 1:
+                return CachedAnswer(409, _error(f"results of several sources of {kernel} at {problem_json} on {device!r}; "
+                                                "choose one with source_hash"))  # fmt: skip
+            source_hash = sources[0] if sources else None
+        best = self.registry.best(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
             return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
         trial, key = best.trial, best.key

@@ -21,7 +21,9 @@ How the promises are kept (the store's ``queue.py`` holds the SQL):
   lost the lease).
 * SIGTERM: no new slots are claimed; the candidates in flight finish within
   ``drain_timeout`` or are handed back (re-queued, not failed). A second
-  signal hands them back at once.
+  signal hands them back at once. Either way the worker is gone within the
+  drain time even while the database does not answer: database calls in
+  flight are cut, and the goodbyes to the database are given a few seconds.
 
 The kernel file is loaded here, in the worker process (its ``kernel()`` builds
 the schedule space), and compiled and run in the builder's and runner's own
@@ -49,7 +51,7 @@ from ..result import Status, TrialResult
 from ..runner import EvaluatorConfig, Runner
 from ..search import Proposal, SearchStrategy
 from ..store import Store, StoreError
-from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, WARM, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease
+from ..store.queue import ASSIGNED, BASELINE, DUPLICATE, SEARCH, WARM, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease, study_name
 from ..store.registry import Registry
 from ..workload import Environment, WorkloadKey
 from .config import Settings
@@ -60,6 +62,7 @@ T = TypeVar("T")
 CONFIRM_TOP = 5  # leaders of a job re-timed in its final tournament, beside the best of each baseline
 ROLES = {BASELINE: "baseline", WARM: "warm", SEARCH: "search"}  # slot kind -> the role its result records
 MAX_JOB_CRASHES = 3  # internal errors on one job before the worker fails it rather than retrying
+GOODBYE_S = 3.0  # seconds for handing back leases and signing off, once leaving (the sweeper does it otherwise)
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class Worker:
         self._stop = threading.Event()  # drain: finish what is in flight, claim nothing new
         self._abort = threading.Event()  # hand back what is in flight, now
         self._stop_at: float | None = None
+        self._drain_timer: threading.Timer | None = None
         self._leases: dict[int, SlotLease] = {}
         self._hb_stop = threading.Event()
         self._optuna: Any = None
@@ -196,11 +200,21 @@ class Worker:
             self._stop_at = time.monotonic()
             self._stop.set()
             _log.info("worker %s draining (up to %.0f s)", self.id[:8], self.settings.drain_timeout)
+            # Whatever the loop is waiting on (a compile, the database), the drain time holds.
+            self._drain_timer = threading.Timer(self.settings.drain_timeout, self.abort)
+            self._drain_timer.daemon = True
+            self._drain_timer.start()
 
     def abort(self) -> None:
-        """Hand back the candidates in flight and exit."""
+        """Hand back the candidates in flight and exit; database calls in flight fail at once."""
         self.drain()
-        self._abort.set()
+        if not self._abort.is_set():
+            self._abort.set()
+            self.store.interrupt()
+            if self._optuna is not None:
+                from ..store.guard import interrupt
+
+                interrupt(self._optuna.engine)
 
     @property
     def draining(self) -> bool:
@@ -245,20 +259,38 @@ class Worker:
                 try:
                     self._run_job(*claim)
                 except Exception as exc:  # noqa: BLE001 - a bug met on one job must not take the worker down
+                    if self._abort.is_set():
+                        break  # leaving: what it holds is handed back below
                     self._job_crashed(claim[0], exc)
         finally:
-            self._hand_back(list(self._leases.values()))
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
             self._hb_stop.set()
-            heartbeat.join(timeout=5)
-            try:
-                self.queue.worker_stopped(self.id)
-            except StoreError as exc:
-                _log.warning("could not mark worker %s stopped: %s", self.id[:8], exc)
+            self._goodbye()
+            heartbeat.join(timeout=1)
             self.stages.close()
             if self._optuna is not None:
                 self._optuna.engine.dispose()
             _log.info("worker %s stopped: %d trial(s) recorded, %d late result(s) refused", self.id[:8], self.finished, self.rejected)
         return jobs
+
+    def _goodbye(self) -> None:
+        """Hand back the leases and sign off, within GOODBYE_S: a database that does
+        not answer must not keep a stopping worker alive (the sweeper re-queues)."""
+
+        def goodbye() -> None:
+            if not self._hand_back(list(self._leases.values())):
+                return
+            try:
+                self.queue.worker_stopped(self.id)
+            except StoreError as exc:
+                _log.warning("could not mark worker %s stopped: %s", self.id[:8], exc)
+
+        thread = threading.Thread(target=goodbye, name="ws-tune-goodbye", daemon=True)
+        thread.start()
+        thread.join(GOODBYE_S)
+        if thread.is_alive():
+            _log.warning("worker %s: the database did not answer while leaving; the sweeper will re-queue its trials", self.id[:8])
 
     def _heartbeat_loop(self) -> None:
         settings = self.settings
@@ -270,6 +302,8 @@ class Worker:
                     if lost in self._leases:
                         _log.warning("lease of trial %d lost (expired or handed over); its result will be refused", lost)
                 self.queue.sweep(grace=settings.grace, max_retry=settings.max_retry)
+                if self._optuna is not None:
+                    self.queue.fail_orphan_trials(self._optuna, self.queue.sampled_jobs(), grace=settings.grace)
             except StoreError as exc:
                 _log.warning("heartbeat: %s", exc)
             except Exception:  # noqa: BLE001 - the heartbeat must not die
@@ -279,7 +313,7 @@ class Worker:
         if self._optuna is None:
             from ..store.queue import optuna_storage
 
-            self._optuna = self._db("open Optuna storage", optuna_storage, self.store.url)
+            self._optuna = self._db("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
         return self._optuna
 
     def _run_job(self, job: JobRecord, started: bool) -> None:
@@ -297,6 +331,7 @@ class Worker:
                 raise
             message = f"cannot load kernel {job.kernel}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             _log.error("job %d failed: %s", job.id, message)
+            message = message.replace(str(self.settings.kernel_cache_dir), "<kernel cache>")  # the API shows it to anyone who reads
             self._db("fail job", self.queue.fail_job, job.id, message)
             return
         key = WorkloadKey.make(engine.kernel, engine.source_hash, engine.problem, self.stages.environment)
@@ -309,7 +344,7 @@ class Worker:
         }  # fmt: skip
         seed = (job.seed + zlib.crc32(self.id.encode())) & 0x7FFFFFFF  # workers sample differently
         storage = self._optuna_storage() if job.strategy != "grid" else None
-        strategy = _Retrying(search.create(job.strategy, seed=seed, storage=storage, study_name=f"job-{job.id}"), self)
+        strategy = _Retrying(search.create(job.strategy, seed=seed, storage=storage, study_name=study_name(job.id)), self)
         strategy.pre_tuning(engine.space, [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         pipeline = Pipeline(
             engine.ref, builder=self.stages.builder, runner=self.stages.runner, strategy=strategy,
@@ -355,14 +390,19 @@ class Worker:
         else:
             self._stop.wait(min(self.settings.poll_interval * 5, 10.0))
 
-    def _hand_back(self, leases: list[SlotLease]) -> None:
+    def _hand_back(self, leases: list[SlotLease]) -> bool:
+        """Re-queue these leases; False if the database did not answer (the sweeper will)."""
+        reachable = True  # after one failure, leave the rest to the sweeper rather than wait on each
         for lease in leases:
-            try:
-                if self.queue.release_slot(lease):
-                    _log.info("handed back trial %d (job %d) for another worker", lease.id, lease.job_id)
-            except StoreError as exc:
-                _log.warning("could not hand back trial %d: %s (the sweeper will)", lease.id, exc)
+            if reachable:
+                try:
+                    if self.queue.release_slot(lease):
+                        _log.info("handed back trial %d (job %d) for another worker", lease.id, lease.job_id)
+                except StoreError as exc:
+                    reachable = False
+                    _log.warning("could not hand back trial %d: %s (the sweeper will)", lease.id, exc)
             self._leases.pop(lease.id, None)
+        return reachable
 
 
 class JobRecorder(Recorder):

@@ -125,3 +125,22 @@ def open_db() -> Iterator[Callable[[str], Store]]:
 @pytest.fixture
 def store(db_url: str, open_db: Callable[[str], Store]) -> Store:
     return open_db(db_url)
+
+
+# Docker's default capabilities: a worker in a container has these, not CAP_SYS_PTRACE
+# or CAP_SYS_ADMIN, either of which lets root read any process's memory and environment.
+DOCKER_CAPS = "chown,dac_override,fowner,fsetid,kill,setgid,setuid,setpcap,net_bind_service,net_raw,sys_chroot,mknod,audit_write,setfcap"
+
+
+@pytest.fixture(scope="session")
+def as_in_a_container() -> list[str]:
+    """A command prefix that runs a process with a container's capabilities when the
+    tests run as root (otherwise nothing: a plain user has none of those powers)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv (util-linux) to drop capabilities")
+    return [setpriv, "--bounding-set", "-all," + ",".join("+" + c for c in DOCKER_CAPS.split(",")), "--"]

@@ -10,7 +10,6 @@ COMPILE_ERROR or COMPILE_TIMEOUT, each with its message.
 from __future__ import annotations
 
 import abc
-import multiprocessing
 import os
 import time
 from concurrent.futures import Future
@@ -21,6 +20,7 @@ from pebble import ProcessExpired, ProcessPool
 
 from .candidate import Candidate, Lowering
 from .result import Status
+from .sandbox import spawn_context
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,15 @@ class LocalBuilder(Builder):
     """A pool of spawned compile workers on this machine.
 
     Spawned, not forked: the parent holds TVM's threads, and a fork of a
-    threaded process can deadlock in the child.
+    threaded process can deadlock in the child. Kernel-file code runs there,
+    so they start with a clean environment (sandbox.py).
     """
 
     def __init__(self, jobs: int = 1, timeout: float = 300.0):
         self.jobs, self.timeout = jobs, timeout
         threads = max(1, (os.cpu_count() or 1) // jobs)
         self._pool = ProcessPool(
-            max_workers=jobs, context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+            max_workers=jobs, context=spawn_context(), initializer=_init_worker, initargs=(threads,)
         )
 
     def submit(self, build_input: BuildInput) -> "Future[BuildResult]":

@@ -10,7 +10,6 @@ starts a fresh worker and tuning goes on.
 from __future__ import annotations
 
 import abc
-import multiprocessing
 import os
 import tempfile
 from concurrent.futures import Future
@@ -23,6 +22,7 @@ from .builder import BuildInput
 from .candidate import Candidate
 from .measure import MeasureConfig
 from .result import Status, TrialResult
+from .sandbox import spawn_context
 from .workload import Environment
 
 
@@ -75,7 +75,7 @@ class LocalRunner(Runner):
         os.close(fd)
         self._pool = ProcessPool(
             max_workers=1,
-            context=multiprocessing.get_context("spawn"),
+            context=spawn_context(),  # kernel-file code runs there: a clean environment
             initializer=_init,
             initargs=(gpu, self._side_file),
         )

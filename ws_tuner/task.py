@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from . import compiler
 from .candidate import Candidate, Lowering, canonical_json
 from .kernel import KernelFileError, KernelSpec, load_kernel
+from .sandbox import spawn_context
 from .space import PointInfo, ScheduleSpace, SpaceConfig
 
 
@@ -75,9 +75,9 @@ class Task:
     @classmethod
     def isolated(cls, kernel_path: str, problem: dict[str, Any] | str, params: str | None = None, space_config: SpaceConfig | None = None) -> "Task":
         """The task, with every call into the kernel file made in a spawned
-        process: importing it, parsing the problem, its seeds and its checks."""
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        process (with a clean environment: sandbox.py): importing it, parsing
+        the problem, its seeds and its checks."""
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn_context()) as pool:
             return pool.submit(_record, kernel_path, problem, params, space_config).result()
 
     def primfunc(self, params: dict[str, Any]) -> Any:

@@ -185,10 +185,11 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
     FAKE_ARGS the test-only `python -m ws_tuner.testing.worker ...` (test doubles)."""
     procs: list[subprocess.Popen] = []
 
-    def spawn(db_url: str, *args: str, log_name: str | None = None, heartbeat: float = HEARTBEAT, grace: float = GRACE) -> subprocess.Popen:
+    def spawn(db_url: str, *args: str, log_name: str | None = None, heartbeat: float = HEARTBEAT, grace: float = GRACE,
+              env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
         env = {
             **os.environ, "PYTHONPATH": str(ROOT), "WS_TUNE_DB": db_url,
-            "WS_TUNE_KERNEL_CACHE_DIR": str(tmp_path / "kernel-cache"), "WS_TUNE_LOG_LEVEL": "info",
+            "WS_TUNE_KERNEL_CACHE_DIR": str(tmp_path / "kernel-cache"), "WS_TUNE_LOG_LEVEL": "info", **(env or {}),
         }  # fmt: skip
         log = open(tmp_path / (log_name or f"worker-{len(procs)}.log"), "wb")
         entry = ["ws_tuner.testing.worker"] if set(args) & set(FAKE_ARGS) else ["ws_tuner", "worker"]

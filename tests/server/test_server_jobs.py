@@ -140,7 +140,7 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("syntax", {**GOOD, "problem": "M4096"}, 422, "problem wants KEY=VALUE pairs"),
     ("empty problem", {**GOOD, "problem": ""}, 422, "problem"),
     ("NUL", {**GOOD, "problem": "M=1\x00"}, 422, "NUL"),
-    ("lone surrogate", b'{"kernel": "gemm", "problem": "M=\\ud800", "budget": 3}', 422, "surrogate"),
+    ("lone surrogate", b'{"kernel": "gemm", "problem": "M=\\ud800", "budget": 3}', 422, "unicode string"),
     ("zero budget", {**GOOD, "budget": 0}, 422, "budget: Input should be greater than or equal to 1"),
     ("negative budget", {**GOOD, "budget": -5}, 422, "budget"),
     ("huge budget", {**GOOD, "budget": 10**12}, 422, "budget"),

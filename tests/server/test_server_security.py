@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def test_refuses_non_loopback_bind_without_a_token(tmp_path: Path, open_db: Call
     with pytest.raises(ValueError, match="refusing"):
         check_bind(exposed, registry)
     check_bind(Settings(host="127.0.0.1", db=db), registry)  # loopback needs nothing
-    check_bind(Settings(host="0.0.0.0", db=db, bootstrap_token="b" * 32), registry)  # an explicit token
+    check_bind(Settings(host="0.0.0.0", db=db, bootstrap_token=secrets.token_urlsafe(32)), registry)  # an explicit token
     registry.add_token(name="t", token_hash="0" * 64, prefix="wst_x", scopes=("read",))
     check_bind(exposed, registry)  # a token in the database
     for host, loopback in [("127.0.0.1", True), ("127.9.9.9", True), ("::1", True), ("[::1]", True), ("localhost", True),
@@ -108,18 +109,19 @@ def test_settings_sources_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WS_TUNE_BOOTSTRAP_TOKEN", "changethis")
     with pytest.raises(ValueError, match="bootstrap_token"):
         load_settings()
-    monkeypatch.setenv("WS_TUNE_BOOTSTRAP_TOKEN", "x" * 40)
-    assert load_settings().bootstrap_token is not None and "x" * 40 not in repr(load_settings())
+    bootstrap = secrets.token_urlsafe(32)
+    monkeypatch.setenv("WS_TUNE_BOOTSTRAP_TOKEN", bootstrap)
+    assert load_settings().bootstrap_token is not None and bootstrap not in repr(load_settings())
     assert parse_scopes(None) == ("read", "jobs:write") and parse_scopes(["admin,read", "admin"]) == ("admin", "read")
 
 
 def test_bootstrap_token_is_an_admin(db_url: str, live_server: Callable) -> None:
-    secret = "s" * 40
+    secret = secrets.token_urlsafe(32)
     live = live_server(db_url, bootstrap_token=secret)
     with live.client(secret) as client:
         assert client.post("/kernels", json={"name": "k", "source": "PROBLEM = {}\n"}).status_code == 201
         assert client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 1}).status_code == 201
-    with live.client("s" * 39) as client:
+    with live.client(secret[:-1]) as client:
         assert client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 1}).status_code == 401
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import sys
+
 import typer
 from rich.table import Table
 
@@ -57,15 +59,17 @@ def worker(
     poll: Optional[float] = typer.Option(None, "--poll", hidden=True),
     compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing (the default without a GPU)"),
     exit_when_idle: bool = typer.Option(False, "--exit-when-idle", help="Leave once no job this worker could run is unfinished (batch use)"),
+    settings_stdin: bool = typer.Option(False, "--settings-stdin", hidden=True, help="Settings as JSON on stdin (serve's workers)"),
 ) -> None:
     """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
     from ..server.config import load_settings
-    from ..server.service import run_worker
+    from ..server.service import read_worker_settings, run_worker
     from ..server.worker import WorkerOptions
 
     if jobs < 1:
         raise _fail("--jobs must be >= 1")
-    settings = load_settings(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
+    overrides = dict(db=db, drain_timeout=drain_timeout, heartbeat_interval=heartbeat, grace_period=grace, poll_interval=poll)
+    settings = read_worker_settings(sys.stdin, **overrides) if settings_stdin else load_settings(**overrides)
     options = WorkerOptions(gpu=gpu, compile_only=compile_only, jobs=jobs, compile_timeout=compile_timeout, run_timeout=run_timeout,
                             exit_when_idle=exit_when_idle)  # fmt: skip
     run_worker(settings, options)

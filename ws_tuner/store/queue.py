@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import and_, delete, exists, false, func, insert, or_, select, true, update
@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from ..candidate import Candidate, canonical_json
 from ..result import Status, TrialResult
+from .guard import DbTimeouts, guard_postgresql
 from .models import JobModel, JobTrialModel, KernelModel, WorkerModel
 from .repository import Store, StoreError, _upsert_trial, _utc, mask_url
 
@@ -674,6 +675,59 @@ class JobQueue:
         return SweepReport(requeued, failed, finished, lost)
 
 
+    # --- the sampler's trials ---------------------------------------------------
+    def sampled_jobs(self, *, finished_within: float = 3600.0) -> list[int]:
+        """Jobs whose sampler lives in Optuna's storage (not grid) that are running
+        or finished lately: those whose studies may hold orphaned trials."""
+        query = select(JobModel.id).where(
+            JobModel.strategy != "grid",
+            or_(JobModel.state == RUNNING,
+                and_(JobModel.state.in_(FINAL_JOB_STATES), JobModel.finished_at >= self._ago(finished_within))),
+        )  # fmt: skip
+        with self.store.session_scope(read_only=True) as session:
+            return list(session.scalars(query.order_by(JobModel.id).limit(1000)))
+
+    def fail_orphan_trials(self, storage: Any, job_ids: Iterable[int], *, grace: float) -> int:
+        """Fail the RUNNING trials of the jobs' Optuna studies that no open slot holds
+        and that were asked for more than ``2 * grace`` seconds ago: a worker asked
+        the sampler, then died before recording a result (or before giving the
+        trial to a slot), and no one else will tell it. Returns how many."""
+        from optuna.trial import TrialState
+
+        failed = 0
+        cutoff = datetime.now() - timedelta(seconds=2 * grace)  # Optuna stamps datetime_start with the asker's local clock
+        for job_id in job_ids:
+            try:
+                study_id = storage.get_study_id_from_name(study_name(job_id))
+            except KeyError:
+                continue
+            running = [t for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+                       if t.datetime_start is not None and t.datetime_start < cutoff]  # fmt: skip
+            if not running:
+                continue
+            with self.store.session_scope(read_only=True) as session:
+                held = set(session.scalars(
+                    select(JobTrialModel.optuna_trial)
+                    .where(JobTrialModel.job_id == job_id, JobTrialModel.state.in_([QUEUED, RUNNING]),
+                           JobTrialModel.optuna_trial.is_not(None))
+                ))  # fmt: skip
+            for trial in running:
+                if trial.number in held:
+                    continue  # a slot will run it (again) and tell the sampler
+                try:
+                    failed += bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))
+                except Exception as exc:  # noqa: BLE001 - told meanwhile (UpdateFinishedTrialError): fine
+                    _log.debug("trial %d of job %d: %s", trial.number, job_id, exc)
+        if failed:
+            _log.warning("sweeper: failed %d sampler trial(s) left running by lost workers", failed)
+        return failed
+
+
+def study_name(job_id: int) -> str:
+    """The Optuna study that holds a job's sampler state."""
+    return f"job-{job_id}"
+
+
 def _abort_stalled_transactions(store: Store, seconds: float) -> None:
     """Have PostgreSQL end a session that sits inside a transaction for ``seconds``.
 
@@ -697,25 +751,26 @@ def _abort_stalled_transactions(store: Store, seconds: float) -> None:
     engine.dispose()  # pooled connections predate the setting
 
 
-def optuna_storage(url: str, *, attempts: int = 5) -> Any:
+def optuna_storage(url: str, *, attempts: int = 5, timeouts: DbTimeouts | None = None) -> Any:
     """Optuna's RDB storage on the store's database, so that workers on any host
     share a job's sampler state. On SQLite its connections get the store's
     treatment (WAL, ``BEGIN IMMEDIATE``, a long busy timeout): Optuna's own
     read-then-write transactions otherwise fail at once with "database is
-    locked" under concurrent workers. Creating the tables races between workers
-    starting together, so it is retried."""
+    locked" under concurrent workers. On PostgreSQL, the store's bounds on
+    every wait (guard.py). Creating the tables races between workers starting
+    together, so it is retried."""
     import optuna
-    from sqlalchemy import event
+    from sqlalchemy import event, make_url
 
     from . import repository
 
     engine_kwargs: dict[str, Any] = {}
     sqlite = url.startswith("sqlite")
+    timeouts = timeouts or DbTimeouts()
     if sqlite:
         engine_kwargs["connect_args"] = {"check_same_thread": False, "timeout": repository.SQLITE_BUSY_TIMEOUT_S}
     else:
-        engine_kwargs["pool_pre_ping"] = True
-        engine_kwargs["connect_args"] = {"connect_timeout": repository.PG_CONNECT_TIMEOUT_S}
+        engine_kwargs["connect_args"] = timeouts.connect_args(make_url(url).query)
     last: Exception | None = None
     for attempt in range(attempts):
         try:
@@ -729,5 +784,7 @@ def optuna_storage(url: str, *, attempts: int = 5) -> Any:
     if sqlite:
         event.listen(storage.engine, "connect", repository._sqlite_on_connect)
         event.listen(storage.engine, "begin", repository._sqlite_on_begin)
-        storage.engine.dispose()  # connections made so far lack the listeners
+    else:
+        guard_postgresql(storage.engine, timeouts)
+    storage.engine.dispose()  # connections made so far lack the listeners
     return storage

@@ -5,8 +5,10 @@
   file, so a result tuned from the CLI and one tuned by the service agree.
 * Tokens are stored as their sha256 only; a token is looked up by its hash.
 * ``best`` is one indexed query: the fastest correct trial of (kernel name,
-  canonical problem, device) that tilelang compiles (not the vendor
-  reference), whoever wrote it (the CLI or a worker).
+  source hash, canonical problem, device) that tilelang compiles (not the
+  vendor reference), whoever wrote it (the CLI or a worker). Results of two
+  sources under one name are never compared: ``timed_sources`` tells the
+  caller which sources there are to choose from.
 """
 
 from __future__ import annotations
@@ -164,28 +166,43 @@ class Registry:
             return int(session.scalar(select(func.count()).select_from(TokenModel).where(TokenModel.revoked_at.is_(None))) or 0)
 
     # --- lookups ----------------------------------------------------------------
-    def best(self, *, kernel: str, problem: str, device: str, source_hash: str | None = None) -> BestRecord | None:
-        """The fastest correct compilable trial of ``kernel`` at the canonical ``problem``
-        JSON on ``device`` (any toolchain; one kernel version when ``source_hash`` is given)."""
+    @staticmethod
+    def _timed(kernel: str, problem: str, device: str) -> list[Any]:
+        return [
+            WorkloadModel.kernel == kernel,
+            WorkloadModel.problem == problem,
+            WorkloadModel.device == device,
+            TrialModel.status == Status.OK.value,
+            TrialModel.median_ms.is_not(None),
+            # What tilelang can compile: a WS schedule or its own lowerings, never the
+            # vendor reference (as ws_tuner.lookup.fastest_compilable).
+            CandidateModel.lowering != Lowering.REFERENCE.value,
+        ]
+
+    def timed_sources(self, *, kernel: str, problem: str, device: str, limit: int = 2) -> list[str]:
+        """Up to ``limit`` source hashes of ``kernel`` with a correct timed result at ``problem`` on ``device``."""
+        query = (
+            select(WorkloadModel.source_hash)
+            .join(TrialModel, TrialModel.workload_id == WorkloadModel.id)
+            .join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
+            .where(*self._timed(kernel, problem, device))
+            .distinct()
+            .limit(limit)
+        )
+        with self.store.session_scope(read_only=True) as session:
+            return list(session.scalars(query))
+
+    def best(self, *, kernel: str, source_hash: str, problem: str, device: str) -> BestRecord | None:
+        """The fastest correct compilable trial of one source of ``kernel`` at the
+        canonical ``problem`` JSON on ``device`` (any toolchain)."""
         query = (
             select(TrialModel, CandidateModel, WorkloadModel)
             .join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
             .join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
-            .where(
-                WorkloadModel.kernel == kernel,
-                WorkloadModel.problem == problem,
-                WorkloadModel.device == device,
-                TrialModel.status == Status.OK.value,
-                TrialModel.median_ms.is_not(None),
-                # What tilelang can compile: a WS schedule or its own lowerings, never the
-                # vendor reference (as ws_tuner.lookup.fastest_compilable).
-                CandidateModel.lowering != Lowering.REFERENCE.value,
-            )
+            .where(*self._timed(kernel, problem, device), WorkloadModel.source_hash == source_hash)
             .order_by(*RANK_ORDER)
             .limit(1)
         )
-        if source_hash is not None:
-            query = query.where(WorkloadModel.source_hash == source_hash)
         with self.store.session_scope(read_only=True) as session:
             row = session.execute(query).first()
             if row is None:

@@ -49,6 +49,7 @@ from sqlalchemy.pool import StaticPool
 from ..candidate import Candidate, canonical_json
 from ..result import Status, Timing, TrialResult
 from ..workload import WorkloadKey
+from .guard import DbTimeouts, guard_postgresql, interrupt
 from .models import VERSION_TABLE, Base, CandidateModel, TrialModel, WorkloadModel
 
 _log = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ ENV_VAR = "WS_TUNE_DB"
 # installed wheel can create and upgrade its own schema without a checkout or an alembic.ini.
 MIGRATIONS_DIR = Path(str(importlib.resources.files("ws_tuner.migrations")))
 SQLITE_BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's write lock
-PG_CONNECT_TIMEOUT_S = 10  # libpq waits forever by default on a black-holed host
 # pg_advisory_xact_lock key ("ws_tune" in ASCII) held while migrating, so that two
 # workers opening a fresh database at once do not both create the tables.
 _MIGRATION_LOCK_KEY = 0x77735F74756E65
@@ -122,7 +122,7 @@ def mask_url(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) -> Store:
     """Open (and on first use, create) the store that ``resolve_db_url(url)`` names."""
     resolved = resolve_db_url(url)
     if not url and not os.environ.get(ENV_VAR):
@@ -133,7 +133,7 @@ def open_store(url: str | None = None) -> Store:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the ws-tune cache directory {directory}: {exc.strerror}") from None
-    return Store(resolved)
+    return Store(resolved, timeouts=timeouts)
 
 
 # --- Engine -------------------------------------------------------------------
@@ -170,7 +170,10 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _create_engine(url: str) -> Engine:
+def _create_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
+    """An engine for ``url``. With ``timeouts``, every wait of a PostgreSQL
+    connection is bounded (guard.py); without, only connecting is (migrations,
+    whose statements may take long)."""
     try:
         sa_url = make_url(url)
     except ArgumentError:
@@ -195,10 +198,14 @@ def _create_engine(url: str) -> Engine:
             if sa_url.drivername == "postgresql":
                 # Plain postgresql:// means psycopg2 to SQLAlchemy; psycopg 3 is what ws-tune installs.
                 sa_url = sa_url.set(drivername="postgresql+psycopg")
-            connect_args = {} if "connect_timeout" in sa_url.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
-            # pre_ping: a connection killed by a server restart is replaced at checkout
-            # instead of failing the next trial's commit.
-            return create_engine(sa_url, pool_pre_ping=True, connect_args=connect_args)
+            connect_args = (timeouts or DbTimeouts()).connect_args(sa_url.query)
+            if timeouts is None:
+                # pre_ping: a connection killed by a server restart is replaced at checkout.
+                return create_engine(sa_url, pool_pre_ping=True, connect_args=connect_args)
+            # The guard checks a pooled connection at checkout, as pre_ping would, under a deadline.
+            engine = create_engine(sa_url, connect_args=connect_args)
+            guard_postgresql(engine, timeouts)
+            return engine
     except (NoSuchModuleError, ImportError) as exc:
         raise StoreError(f"cannot open ws-tune database at {mask_url(url)}: {_one_line(exc)}") from None
     raise StoreError(f"unsupported database {mask_url(url)}: ws-tune stores results in SQLite or PostgreSQL")
@@ -402,10 +409,11 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
 class Store:
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, timeouts: DbTimeouts | None = None) -> None:
         self.url = url
         self.display_url = mask_url(url)  # for messages: never shows a password
-        self._engine = _create_engine(url)
+        self.timeouts = timeouts or DbTimeouts()
+        self._engine = _create_engine(url, self.timeouts)
         self._read_engine = self._engine.execution_options(ws_tune_read_only=True)
         try:
             self._check_schema()
@@ -449,6 +457,18 @@ class Store:
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def schema_revision(self) -> str | None:
+        """The revision stamped in this store's database (readiness probes)."""
+        try:
+            with self._engine.connect() as connection:
+                return _schema_state(connection)[0]
+        except DBAPIError as exc:
+            raise StoreError(f"ws-tune database at {self.display_url}: {_one_line(exc)}") from None
+
+    def interrupt(self) -> int:
+        """Make every call now waiting on the database fail at once (see guard.py)."""
+        return interrupt(self._engine)
 
     def __enter__(self) -> Store:
         return self

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ...kernels import NAME_PATTERN
 from ...middleware import etag_matches
-from ...schemas import SHA256_PATTERN, BestPublic, ErrorPublic
+from ...schemas import READ_ERRORS, SHA256_PATTERN, BestPublic, errors
 from ...services import Services
 
 router = APIRouter(prefix="/best", tags=["best"])
@@ -26,9 +26,10 @@ _TEXT = r"^[^\x00]+$"
     "",
     response_model=BestPublic,
     responses={
+        **errors(*READ_ERRORS, 404, 409),
         304: {"description": "Not modified (If-None-Match matched the ETag)"},
-        404: {"model": ErrorPublic, "description": "Nothing timed yet for this kernel, problem and device"},
-        422: {"model": ErrorPublic},
+        404: errors(404)[404] | {"description": "Nothing timed yet for this kernel source, problem and device"},
+        409: errors(409)[409] | {"description": "Results of several sources of an unregistered kernel: give source_hash"},
     },
 )
 async def get_best(
@@ -36,13 +37,17 @@ async def get_best(
     kernel: Annotated[str, Query(pattern=NAME_PATTERN, description="Kernel name (its file stem)")],
     problem: Annotated[str, Query(min_length=1, max_length=2048, pattern=_TEXT, description="e.g. M=4096,N=4096,K=4096")],
     device: Annotated[str, Query(min_length=1, max_length=256, pattern=_TEXT, description="e.g. NVIDIA H200")],
-    source_hash: Annotated[str | None, Query(pattern=SHA256_PATTERN, description="Only this version of the kernel")] = None,
+    source_hash: Annotated[
+        str | None, Query(pattern=SHA256_PATTERN, description="The kernel's source (default: the registered file's)")
+    ] = None,
 ) -> Response:
-    """The fastest correct stored schedule, whoever measured it (CLI or workers)."""
+    """The fastest correct stored schedule of one source of the kernel (``source_hash``;
+    by default the registered file's, or the only source with results), whoever
+    measured it (CLI or workers)."""
     services: Services = request.app.state.services
     entry = services.best_cache.peek((kernel, problem, device, source_hash), 0.0)
     answer = entry[0] if entry else await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
-    if services.settings.public_reads:  # the fast path (middleware) serves this query string as is from now on
+    if not services.settings.reads_need_token:  # the fast path (middleware) serves this query string as is from now on
         services.remember_query(request.scope["query_string"], kernel, problem, device, source_hash, answer)
     headers = {"Cache-Control": "no-cache"}
     if answer.etag is not None:

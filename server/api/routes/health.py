@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from ....store import StoreError, current_revision, head_revision
+from ....store import StoreError, head_revision
 from ...deps import ServicesDep
 from ...schemas import ErrorPublic, HealthPublic, ReadyPublic
 
@@ -19,7 +19,7 @@ async def health() -> HealthPublic:
 @router.get("/ready", response_model=ReadyPublic, responses={503: {"model": ErrorPublic}})
 def ready(services: ServicesDep) -> ReadyPublic:
     try:
-        revision = current_revision(services.store.url)
+        revision = services.store.schema_revision()
         alive = len(services.queue.list_workers(alive_within=services.settings.grace))
     except StoreError:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "database unavailable") from None

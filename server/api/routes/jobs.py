@@ -8,9 +8,11 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from ....store.queue import FAILED, JobConflict, JobNotFound, JobRecord, JobTrialRecord
 from ... import kernels as kernel_files
-from ...deps import JobsWriter, ServicesDep
+from ...deps import JobsWriter, ServicesDep, check_upload
 from ...schemas import (
-    ErrorPublic,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Digits,
     JobBest,
     JobCreate,
     JobProgress,
@@ -18,17 +20,17 @@ from ...schemas import (
     JobsPublic,
     JobTrialPublic,
     JobTrialsPublic,
+    errors,
 )
-from ...security import KERNELS_UPLOAD
+from ...security import ADMIN, KERNELS_UPLOAD
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Job id")]
-Limit = Annotated[int, Query(ge=1, le=500)]
-Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Job id"), Digits]
+Limit = Annotated[int, Query(ge=1, le=500), Digits]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1), Digits]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 SlotState = Literal["queued", "running", "done", "failed", "cancelled"]
-_errors = {401: {"model": ErrorPublic}, 403: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
 
 
 def job_public(job: JobRecord) -> JobPublic:
@@ -61,10 +63,11 @@ def _unprocessable(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=_errors)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=errors(*WRITE_ERRORS))
 def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) -> JobPublic:
-    """Submit a tuning job: a registered kernel by name, an uploaded source (inline,
-    needing the kernels:upload scope, or by sha256), a problem, a budget."""
+    """Submit a tuning job: a registered kernel by name, or an uploaded source (inline,
+    needing the kernels:upload scope, or by sha256, under the name it was uploaded
+    with), a problem, a budget. The job belongs to the token that submits it."""
     settings = services.settings
     if body.budget > settings.max_budget:
         raise _unprocessable(f"budget {body.budget} exceeds this server's limit of {settings.max_budget}")
@@ -73,15 +76,15 @@ def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) ->
     if body.source is not None:
         if not principal.allows(KERNELS_UPLOAD):
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"uploading kernel source needs the {KERNELS_UPLOAD!r} scope")
-        try:
-            kernel_files.check_syntax(body.source, body.kernel)
-        except ValueError as exc:
-            raise _unprocessable(str(exc)) from None
+        check_upload(services, body.source, body.kernel)
         signature = None
     elif body.source_sha256 is not None:
         uploaded = services.registry.kernel(body.source_sha256)
         if uploaded is None:
             raise _unprocessable(f"no kernel source with sha256 {body.source_sha256}; upload it first (POST /api/v1/kernels)")
+        if uploaded.name != body.kernel:
+            # Results are keyed by (name, source): a source runs under its own name only.
+            raise _unprocessable(f"kernel source {body.source_sha256[:12]} is named {uploaded.name!r}, not {body.kernel!r}")
         signature = uploaded.problem if uploaded.registered else None
     else:
         registered = services.registered_kernel(body.kernel)
@@ -109,14 +112,14 @@ def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) ->
     return job_public(job)
 
 
-@router.get("", response_model=JobsPublic)
+@router.get("", response_model=JobsPublic, responses=errors(*READ_ERRORS))
 def list_jobs(services: ServicesDep, state: JobState | None = None, limit: Limit = 50, offset: Offset = 0) -> JobsPublic:
     """Jobs, newest first, with their progress."""
     jobs, count = services.queue.list_jobs(state=state, limit=limit, offset=offset)
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses={404: {"model": ErrorPublic}})
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(*READ_ERRORS, 404))
 def get_job(job_id: JobId, services: ServicesDep) -> JobPublic:
     job = services.queue.get_job(job_id)
     if job is None:
@@ -124,7 +127,7 @@ def get_job(job_id: JobId, services: ServicesDep) -> JobPublic:
     return job_public(job)
 
 
-@router.get("/{job_id}/trials", response_model=JobTrialsPublic, responses={404: {"model": ErrorPublic}})
+@router.get("/{job_id}/trials", response_model=JobTrialsPublic, responses=errors(*READ_ERRORS, 404))
 def list_job_trials(
     job_id: JobId, services: ServicesDep, state: SlotState | None = None, limit: Limit = 100, offset: Offset = 0
 ) -> JobTrialsPublic:
@@ -135,11 +138,15 @@ def list_job_trials(
     return JobTrialsPublic(data=[_trial_public(t) for t in trials], count=count)
 
 
-@router.post(
-    "/{job_id}/cancel", response_model=JobPublic, responses={**_errors, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic}}
-)
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(*WRITE_ERRORS, 404, 409))
 def cancel_job(job_id: JobId, services: ServicesDep, principal: JobsWriter) -> JobPublic:
-    """Cancel a queued or running job; candidates already in flight finish and are kept."""
+    """Cancel a queued or running job of this token (an admin token: any job);
+    candidates already in flight finish and are kept."""
+    job = services.queue.get_job(job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+    if not principal.allows(ADMIN) and (principal.token_id is None or job.created_by != principal.token_id):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id} belongs to another token; only it or an admin may cancel it")
     try:
         return job_public(services.queue.cancel_job(job_id))
     except JobNotFound as exc:

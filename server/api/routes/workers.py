@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from ...deps import ServicesDep
-from ...schemas import WorkerPublic, WorkersPublic
+from ...schemas import READ_ERRORS, TrueOrFalse, WorkerPublic, WorkersPublic, errors
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
 
-@router.get("", response_model=WorkersPublic)
-def list_workers(services: ServicesDep, alive: bool = False) -> WorkersPublic:
+@router.get("", response_model=WorkersPublic, responses=errors(*READ_ERRORS))
+def list_workers(services: ServicesDep, alive: Annotated[bool, Query(), TrueOrFalse] = False) -> WorkersPublic:
     """Workers, newest first; ``alive``: only those whose heartbeat is within the grace period."""
     records = services.queue.list_workers(alive_within=services.settings.grace if alive else None)
     data = [

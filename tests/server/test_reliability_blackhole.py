@@ -1,0 +1,176 @@
+"""Finding 2 of issue 10: a database connection that goes silent.
+
+Unlike a restart (test_reliability_outage.py), nothing is closed: workers and
+the API reach PostgreSQL through a TCP proxy that, when black-holed, keeps
+every connection open, accepts new ones and forwards nothing, so no error ever
+arrives. When it heals, new connections work again but the old ones stay
+silent forever, as behind a hung proxy or a half-dead NAT. Every database wait
+must still end: the job finishes with exact counts, the API answers (503, then
+200), and a worker told to stop while the database is silent stops in time.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import make_url
+from svc_helpers import FAKE_ARGS, wait_for
+
+from ws_tuner.store.queue import JobQueue
+
+DB_TIMEOUT = "3"  # seconds one database call may take (WS_TUNE_DB_TIMEOUT): keeps the test short
+
+
+class BlackHoleProxy:
+    """A loopback TCP relay to ``upstream`` that can swallow everything.
+
+    ``blackhole()``: open connections stop forwarding (their data is read and
+    dropped, so the sender's kernel sees every byte acknowledged), and new
+    ones are accepted and treated the same. ``heal()``: new connections are
+    relayed again; the black-holed ones never recover."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.holed = False
+        self._generation = 0  # connections of an older generation than a black hole stay dead
+        self._dead_before = -1
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = self._listener.getsockname()[1]
+        self._socks: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def blackhole(self) -> None:
+        self.holed = True
+        self._dead_before = self._generation
+        self._generation += 1
+
+    def heal(self) -> None:
+        self._dead_before = self._generation
+        self._generation += 1
+        self.holed = False
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for sock in self._socks:  # shutdown first: close() alone leaves a socket another thread reads open
+            for end in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+                try:
+                    end()
+                except OSError:
+                    pass
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._socks.append(client)
+            generation = self._generation
+            if self.holed:
+                threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+                continue
+            server = socket.create_connection(self.upstream, timeout=5)
+            server.settimeout(None)
+            self._socks.append(server)
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst, generation), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+        try:
+            while data := src.recv(65536):
+                if generation <= self._dead_before:
+                    return self._swallow(src)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def _swallow(self, sock: socket.socket) -> None:
+        try:
+            while not self._closed and sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def proxy(pg_url: str):
+    real = make_url(pg_url)
+    proxy = BlackHoleProxy((real.host or "127.0.0.1", real.port or 5432))
+    yield proxy, real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    proxy.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+def test_job_finishes_after_a_black_hole(proxy, pg_url: str, make_job: Callable, spawn_worker: Callable,
+                                         live_server: Callable, open_db: Callable) -> None:  # fmt: skip
+    hole, via_proxy = proxy
+    job = make_job(pg_url, budget=60)
+    queue = JobQueue(open_db(pg_url))  # the test's own view, not through the proxy
+    live = live_server(via_proxy, db_timeout=float(DB_TIMEOUT))
+    workers = [spawn_worker(via_proxy, *FAKE_ARGS, "--runner-delay", "0.05", "--exit-when-idle", heartbeat=0.5, grace=4.0,
+                            env={"WS_TUNE_DB_TIMEOUT": DB_TIMEOUT}) for _ in range(2)]  # fmt: skip
+    wait_for(lambda: queue.get_job(job.id).search_counts.get("done", 0) >= 10, 60, 0.05, "the job to get going")
+
+    hole.blackhole()
+    holed_at = time.monotonic()
+    with live.client() as client:
+        started = time.monotonic()
+        assert client.get("/jobs").status_code == 503  # bounded: not a wait without end
+        assert time.monotonic() - started < 15
+    time.sleep(max(0.0, 8 - (time.monotonic() - holed_at)))
+    assert all(w.poll() is None for w in workers), "a worker died in the black hole"
+    hole.heal()  # new connections work again; every old one stays silent
+    healed = time.monotonic()
+    before = queue.get_job(job.id).search_counts.get("done", 0)
+    wait_for(lambda: queue.get_job(job.id).search_counts.get("done", 0) > before, 60, 0.1, "the job to go on")
+    resumed = time.monotonic() - healed
+
+    done = wait_for(lambda: (j := queue.get_job(job.id)).state == "succeeded" and j, 90, 0.2, "the job to finish")
+    print(f"\nblack hole: the job went on {resumed:.1f} s after new connections worked again "
+          f"(db_timeout {DB_TIMEOUT} s), finished {time.monotonic() - healed:.1f} s after")  # fmt: skip
+    assert [w.wait(60) for w in workers] == [0, 0], [w.log_path.read_text()[-2000:] for w in workers]
+    trials, count = queue.job_trials(job.id, limit=500)
+    assert count == 60 and {t.state for t in trials} == {"done"}  # nothing lost, nothing stuck RUNNING
+    assert len({t.candidate_hash for t in trials}) == 60
+    assert queue.store.status_counts(workload_id=done.workload_id) == {"ok": 60}
+    with live.client() as client:
+        assert wait_for(lambda: client.get("/jobs").status_code == 200, 30, 0.2, "the API to recover")
+        assert wait_for(lambda: client.get("/ready").status_code == 200, 30, 0.2, "/ready to recover")
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, make_job: Callable,
+                                                          spawn_worker: Callable, open_db: Callable) -> None:  # fmt: skip
+    hole, via_proxy = proxy
+    job = make_job(pg_url, budget=1000)
+    queue = JobQueue(open_db(pg_url))
+    worker = spawn_worker(via_proxy, *FAKE_ARGS, "--runner-delay", "0.2", "--drain-timeout", "3", heartbeat=0.5, grace=4.0,
+                          env={"WS_TUNE_DB_TIMEOUT": DB_TIMEOUT})  # fmt: skip
+    wait_for(lambda: queue.get_job(job.id).search_counts.get("done", 0) >= 3, 60, 0.05, "the job to get going")
+    hole.blackhole()
+    time.sleep(2)  # the worker is now waiting on the database, with candidates in flight
+    worker.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    code = worker.wait(60)
+    took = time.monotonic() - signalled
+    log = worker.log_path.read_text()
+    assert code == 0, log[-3000:]
+    print(f"\nSIGTERM with the database silent: stopped after {took:.1f} s (drain time 3 s)")
+    assert took < 3 + 8, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time"  # the drain, then a short goodbye
+    assert "draining" in log
+    # What it held is not lost: past the grace period, the sweeper re-queues it.
+    time.sleep(4.5)
+    queue.sweep(grace=4.0, max_retry=2)
+    assert queue.job_trials(job.id, state="running")[1] == 0
