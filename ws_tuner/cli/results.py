@@ -23,8 +23,8 @@ from .common import (
 
 
 def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k: int) -> tuple[Any, Any, list[Any]]:
-    from ..store import open_store
     from .. import lookup
+    from ..store import open_store
 
     task = _task(file, shape, None)
     store = open_store(db)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
-
-import sys
 
 import typer
 from rich.table import Table

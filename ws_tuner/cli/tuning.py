@@ -53,12 +53,12 @@ def tune(
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Measure tilelang's own lowerings too"),
 ) -> None:
     """Tune FILE at one problem: search schedules, build, time, store."""
+    from .. import search
     from ..builder import LocalBuilder
     from ..runner import EvaluatorConfig, LocalRunner, gpu_available
     from ..space import SpaceCount
     from ..store import open_store
     from ..tune import TuneOptions, Tuner
-    from .. import search
 
     if budget < 0 or jobs < 1:
         raise _fail("--budget must be >= 0 and --jobs >= 1")
