@@ -260,10 +260,16 @@ def launcher(run_input: Any) -> tuple[Any, Callable[[list[Any]], Any]]:
 
 def evaluate(run_input: Any) -> TrialResult:
     """Check, then time beside the anchor, one candidate. Sticky CUDA errors end the process."""
+    candidate: Candidate = run_input.candidate
+    try:  # the kernel file's code and the compiler first: no CUDA needed to fail here
+        task, launch = _compiled(run_input)
+        anchor = _anchor(run_input)
+    except Exception as exc:  # noqa: BLE001
+        return TrialResult(candidate.hash, Status.COMPILE_ERROR, str(exc).splitlines()[0][:600])
     bench, heater = _bench()
     heater.stop()
     try:
-        return _evaluate(run_input, bench)
+        return _evaluate(run_input, bench, task, launch, anchor)
     except StickyCudaError as exc:
         _die(str(exc))
         raise  # unreachable
@@ -271,13 +277,8 @@ def evaluate(run_input: Any) -> TrialResult:
         heater.start([k for k in (ANCHOR, CANDIDATE) if k in bench.kernels][:1])
 
 
-def _evaluate(run_input: Any, bench: CudaBench) -> TrialResult:
+def _evaluate(run_input: Any, bench: CudaBench, task: Any, launch: Callable[[list[Any]], Any], anchor: Callable[[list[Any]], Any] | None) -> TrialResult:
     candidate: Candidate = run_input.candidate
-    try:
-        task, launch = _compiled(run_input)
-        anchor = _anchor(run_input)
-    except Exception as exc:  # noqa: BLE001
-        return TrialResult(candidate.hash, Status.COMPILE_ERROR, str(exc).splitlines()[0][:600])
     info: dict[str, Any] = {}
     try:
         for _ in range(max(run_input.config.checks, 1)):

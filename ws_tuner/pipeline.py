@@ -36,6 +36,7 @@ from .search import Proposal, SearchStrategy
 from .store import StoredTrial
 
 SEARCH, BASELINE, WARM = "search", "baseline", "warm"
+MAX_REFUSALS = 200  # proposals refused beyond what is known or taken before the space counts as exhausted
 BASELINE_KINDS = ("seed", "default", "role_based", "reference")
 
 
@@ -265,9 +266,12 @@ class Pipeline:
         if slot.candidate is not None:
             return Proposal(slot.candidate, dict(slot.decisions), token=slot.token), False
         taken = self.recorder.taken()
-        # Skipping what is known or taken is bounded by how much is; beyond that,
-        # a run of refusals means the strategy has nothing new.
-        for _ in range(len(self._proposed) + len(taken) + 200):
+        # Skipping what is known, proposed or taken is bounded by how much is (and what is
+        # taken grows as other workers of a job take more); beyond that, a run of refusals
+        # means the strategy has nothing new.
+        tries = 0
+        while tries < len(self.known) + len(self._proposed) + len(taken) + MAX_REFUSALS:
+            tries += 1
             proposals = self.strategy.propose(1)
             if not proposals:
                 return None, True

@@ -100,7 +100,7 @@ def test_uploaded_kernel_finds_no_secret_under_serve(db_url: str, tmp_path: Path
     env = {**_base_env(tmp_path), **secret_env}
     serve = subprocess.Popen(
         [*as_in_a_container, sys.executable, "-m", "ws_tuner", "serve", "--port", str(port), "--workers", "1",
-         "--worker-arg=--runner=none", "--no-access-log"],
+         "--worker-arg=--compile-only", "--no-access-log"],
         env=env, cwd=ROOT, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     source, out = _spy(tmp_path)
@@ -136,7 +136,7 @@ def test_uploaded_kernel_finds_no_secret_in_a_worker(
         job = client.post("/jobs", json={"kernel": "spy", "source": source, "problem": "M=1", "budget": 1})
         assert job.status_code == 201, job.text
     worker = subprocess.Popen(
-        [*as_in_a_container, sys.executable, "-m", "ws_tuner", "worker", "--runner", "none", "--exit-when-idle"],
+        [*as_in_a_container, sys.executable, "-m", "ws_tuner", "worker", "--compile-only", "--exit-when-idle"],
         env={**_base_env(tmp_path), **secret_env}, cwd=ROOT, stdout=open(tmp_path / "worker.log", "wb"),
         stderr=subprocess.STDOUT,
     )  # fmt: skip
