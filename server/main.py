@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
@@ -93,7 +94,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
             await run_in_threadpool(sweeper.stop)
             services.close()
 
-    app = FastAPI(
+    # /docs and /redoc with their JavaScript and CSS served from the package, not a CDN: air-gapped clusters.
+    app = FastAPIOffline(
         title="ws-tune",
         version=__version__,
         summary="Tune TileLang warp-specialization schedules: jobs, workers, best-schedule lookups.",
