@@ -484,8 +484,14 @@ class _Retrying(SearchStrategy):
         return self.w._db("propose", self.inner.propose, n)
 
     def notify(self, proposal: Proposal, result: TrialResult) -> None:
+        self._tell(self.inner.notify, proposal, result)
+
+    def skip(self, proposal: Proposal, known: TrialResult | None) -> None:
+        self._tell(self.inner.skip, proposal, known)
+
+    def _tell(self, method: Any, *args: Any) -> None:
         try:
-            self.w._db("tell the sampler", self.inner.notify, proposal, result)
+            self.w._db("tell the sampler", method, *args)
         except Exception as exc:  # noqa: BLE001
             _log.warning("sampler could not take a result: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 

@@ -278,23 +278,23 @@ class Pipeline:
             proposal = proposals[0]
             digest = proposal.candidate.hash
             if digest in self.known:  # measured before (an earlier run or job): the strategy learns it
-                self._notify(proposal, self.known[digest].result)
+                self.strategy.skip(proposal, self.known[digest].result)
                 continue
             if digest in self._proposed:  # a baseline or warm start of this run (the seed point is the seed)
                 done = self._results.get(digest)
-                self._notify(proposal, done or TrialResult(digest, Status.REJECTED, "being measured already in this run"))
+                self.strategy.skip(proposal, done)  # None: being measured already in this run
                 continue
             if digest in taken:
-                self._notify(proposal, TrialResult(digest, Status.REJECTED, "duplicate of another trial of the job"))
+                self.strategy.skip(proposal, None)  # another trial of the job has it
                 continue
             outcome = self.recorder.assign(slot, proposal)
             if outcome == Assignment.ASSIGNED:
                 return proposal, False
             if outcome == Assignment.DUPLICATE:
                 taken = self.recorder.taken()
-                self._notify(proposal, TrialResult(digest, Status.REJECTED, "duplicate of another trial of the job"))
+                self.strategy.skip(proposal, None)
                 continue
-            self._notify(proposal, TrialResult(digest, Status.REJECTED, "lease lost before the trial started"))
+            self.strategy.skip(proposal, None)  # the lease was lost before the trial started
             return None, False
         return None, True
 

@@ -23,7 +23,7 @@ from .candidate import Candidate, Lowering
 from .pipeline import BASELINE, SEARCH, WARM, Listener, Pipeline, PipelineOptions, Recorder, Slot, TaskRef, TrialRecord, TuneReport
 from .result import Status, TrialResult
 from .runner import EvaluatorConfig, Runner
-from .search import SearchStrategy
+from .search import SearchStrategy, study_name_of
 from .store import Store, StoredTrial
 from .task import Task
 from .workload import COMPILE_ONLY_DEVICE, Environment, WorkloadKey
@@ -113,6 +113,7 @@ class Tuner:
         # A compile-only BUILT says nothing about speed: with a GPU it is measured again.
         known = {h: t for h, t in self.store.trials_by_hash(workload_id=self.workload_id).items()
                  if t.result.status is not Status.BUILT or self.runner is None}  # fmt: skip
+        self.strategy.keep_study_in(self.store.url, study_name_of(self.key, self.workload_id))  # for optuna-dashboard
         self.strategy.pre_tuning(self.task.space(), [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         searched = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
         recorder = StoreRecorder(self.store, self.workload_id, self._first(), self.options.budget, searched)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .base import Proposal, SearchStrategy
 from .grid import GridSearch
-from .optuna_search import OptunaSearch
+from .optuna_search import OptunaSearch, study_name_of
 
 KINDS = ("grid", "random", "tpe")
 
@@ -20,4 +20,4 @@ def create(kind: str, *, seed: int = 0, storage: str | None = None, study_name: 
     raise ValueError(f"unknown search strategy {kind!r}; choose one of {', '.join(KINDS)}")
 
 
-__all__ = ["KINDS", "GridSearch", "OptunaSearch", "Proposal", "SearchStrategy", "create"]
+__all__ = ["KINDS", "GridSearch", "OptunaSearch", "Proposal", "SearchStrategy", "create", "study_name_of"]
