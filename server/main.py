@@ -27,6 +27,7 @@ from .. import __version__
 from ..store import StoreError
 from .api.main import API_PREFIX, api_router
 from .config import Settings
+from .dashboard import install as install_dashboard
 from .middleware import BestLookupFastPath, BodySizeLimit
 from .schemas import EVERY_ROUTE
 from .services import Services
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
     app.include_router(api_router(settings))
+    install_dashboard(app, settings)  # /dashboard and /api/v1/workloads
 
     default_openapi = app.openapi
 
