@@ -7,7 +7,12 @@ side by side, and a job's progress moves as a worker process runs it."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -15,7 +20,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from svc_helpers import FAKE_ARGS, wait_for
+from svc_helpers import FAKE_ARGS, ROOT, wait_for
 
 from ws_tuner import search
 from ws_tuner.candidate import Lowering
@@ -86,6 +91,39 @@ def test_workloads_need_a_token_when_reads_do(tuned, live_server, make_token) ->
         assert client.get(f"/workloads/{report.workload_id}").status_code == 401
     with server.client(make_token(url, "read")) as client:
         assert client.get(f"/workloads/{report.workload_id}").status_code == 200
+
+
+def test_the_dashboard_command_serves_a_local_database(tuned, tmp_path: Path) -> None:
+    """`ws-tune dashboard --db URL`: the page and its data, from a database no service runs on."""
+    url, report = tuned
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WS_TUNE_")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    log = tmp_path / "dashboard.log"
+    proc = subprocess.Popen([sys.executable, "-m", "ws_tuner", "dashboard", "--db", url, "--port", str(port)], env=env, cwd=ROOT,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _status(base + "/dashboard") == 200, 30, 0.1, "the dashboard")
+        assert 'src="/dashboard/static/dashboard.js"' in httpx.get(base + "/dashboard").text
+        assert httpx.get(base + "/dashboard/static/dashboard.js").status_code == 200
+        workloads = httpx.get(base + "/api/v1/workloads").json()
+        assert [w["id"] for w in workloads["data"]] == [report.workload_id]
+        assert httpx.get(base + "/api/v1/ready").json()["workers_alive"] == 0  # it runs nothing
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0, log.read_text()[-2000:]
+    assert f"dashboard at http://127.0.0.1:{port}/dashboard" in log.read_text()
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 # --- in a real browser ---------------------------------------------------------------------------

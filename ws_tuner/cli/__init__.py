@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 # The commands register themselves on the app as their modules load.
-from . import results, schema, service, tuning  # noqa: F401
+from . import dashboard, results, schema, service, tuning  # noqa: F401
 from .common import app
 
 app.info.help = __doc__
