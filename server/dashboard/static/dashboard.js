@@ -56,7 +56,7 @@ async function refreshJobs() {
 function jobRow(job) {
   const p = job.progress;
   const finished = p.done + p.failed;
-  const bar = el("progress", { max: Math.max(p.budget, 1), value: Math.min(finished, p.budget) });
+  const bar = el("progress", { max: 1, value: p.fraction });  // the API's own measure of the search's progress
   const link = job.workload_id
     ? el("a", { href: `#workload=${job.workload_id}` }, `#${job.workload_id}`)
     : "-";
