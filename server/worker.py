@@ -343,7 +343,7 @@ class Worker:
             if t.result.status is not Status.BUILT or not timed
         }  # fmt: skip
         seed = (job.seed + zlib.crc32(self.id.encode())) & 0x7FFFFFFF  # workers sample differently
-        storage = self._optuna_storage() if job.strategy != "grid" else None
+        storage = self._optuna_storage()  # the job's study: its sampler's state, and the record optuna-dashboard reads
         strategy = _Retrying(search.create(job.strategy, seed=seed, storage=storage, study_name=study_name(job.id)), self)
         strategy.pre_tuning(engine.space, [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         pipeline = Pipeline(

@@ -19,38 +19,20 @@ is told. Measured ones are told their ratio to the tuning's anchor
 from __future__ import annotations
 
 import datetime
-import json
-import logging
 import random
-import warnings
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from ..result import Status, TrialResult
+from ..result import TrialResult
 from ..space import ScheduleSpace
 from .base import Proposal, SearchStrategy
+from .study import StudyPlace, finished, objective
 
 # A sampler stuck in a pruned or fully measured corner gives up after this many tries per proposal.
 MAX_PRUNED_IN_A_ROW = 200
 REPEATS_BEFORE_EXPLORING = 5
-# What optuna-dashboard labels the objective with (else "Objective 0").
-METRIC_NAME = "time / anchor's time"
-
-
-def study_name_of(key: Any, workload_id: int) -> str:
-    """The study of a command-line tuning: one per workload, so that a re-run resumes it."""
-    problem = ",".join(f"{k}={v}" for k, v in json.loads(key.problem).items())
-    return f"{key.kernel} {problem} on {key.device} (workload {workload_id})"
-
-
-def objective(result: TrialResult) -> float | None:
-    """What the sampler minimizes: the ratio to the anchor (it survives a change of
-    clock state), else the time; None for a failure."""
-    if result.status is not Status.OK or result.timing is None:
-        return None
-    return result.ratio if result.ratio is not None else result.timing.median_ms
 
 
 class _Pending:
@@ -75,38 +57,23 @@ class _Pending:
 class OptunaSearch(SearchStrategy):
     def __init__(self, kind: str, *, seed: int = 0, storage: Any = None, study_name: str | None = None):
         self.kind, self.seed = kind, seed
-        self.storage, self.study_name = storage, study_name
-        self._db_url: str | None = None  # a storage this strategy opens (and closes) itself
-        optuna.logging.set_verbosity(logging.WARNING)
-        # group=True and metric names are "experimental" in name only.
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        self.place = StudyPlace(storage, study_name)
 
     def keep_study_in(self, db_url: str, study_name: str) -> None:
-        if self.storage is None:
-            self._db_url, self.study_name = db_url, study_name
+        self.place.keep_in(db_url, study_name)
 
     def post_tuning(self) -> None:
-        if self._db_url is not None and self.storage is not None:
-            self.storage.engine.dispose()
-            self.storage = None
+        self.place.close()
 
     def pre_tuning(self, space: ScheduleSpace, history: list[tuple[dict[str, Any], TrialResult]]) -> None:
         super().pre_tuning(space, history)
-        if self._db_url is not None and self.storage is None:
-            from ..store.queue import optuna_storage
-
-            self.storage = optuna_storage(self._db_url)
         self._rng = random.Random(self.seed + 1)  # the explorer's
         sampler = (
             optuna.samplers.RandomSampler(seed=self.seed)
             if self.kind == "random"
             else optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=10)
         )
-        self._storage = optuna.storages.get_storage(self.storage) if self.storage is not None else optuna.storages.InMemoryStorage()
-        self.study = optuna.create_study(direction="minimize", storage=self._storage, study_name=self.study_name, load_if_exists=True)
-        if self.study.metric_names != [METRIC_NAME]:
-            self.study.set_metric_names([METRIC_NAME])
-        self._study_id = self._storage.get_study_id_from_name(self.study.study_name)
+        self.study, self._storage, self._study_id = self.place.open()
         self._scratch_storage = optuna.storages.InMemoryStorage()
         self._scratch = optuna.create_study(direction="minimize", sampler=sampler, storage=self._scratch_storage)
         self._scratch_id = self._scratch_storage.get_study_id_from_name(self._scratch.study_name)
@@ -121,22 +88,7 @@ class OptunaSearch(SearchStrategy):
             if value is not None:
                 self._values[result.candidate_hash] = value
             if decisions and tuple(sorted(decisions.items())) not in known:
-                self.study.add_trial(self._frozen(decisions, TrialState.COMPLETE if value is not None else TrialState.FAIL, value))
-
-    def _frozen(self, decisions: dict[str, Any], state: TrialState, value: float | None = None) -> optuna.trial.FrozenTrial:
-        distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in self._choices(decisions).items()}
-        return optuna.trial.create_trial(params=decisions, distributions=distributions, value=value, state=state)
-
-    def _choices(self, decisions: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
-        """Each decision's choice list, by replaying the space's sampler."""
-        choices: dict[str, tuple[Any, ...]] = {}
-
-        def record(name: str, options: Any) -> Any:
-            choices[name] = tuple(options)
-            return decisions[name] if decisions.get(name) in choices[name] else choices[name][0]
-
-        self.space.sample(record)
-        return {k: v for k, v in choices.items() if k in decisions}
+                self.study.add_trial(finished(space, decisions, value))
 
     def _sync(self) -> None:
         """Mirror the study's trials (every worker's) into the scratch study."""
