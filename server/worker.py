@@ -311,9 +311,11 @@ class Worker:
 
     def _optuna_storage(self) -> Any:
         if self._optuna is None:
-            from ..store.queue import optuna_storage
+            from ..store.queue import abort_stalled_transactions, optuna_storage
 
             self._optuna = self._db("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
+            if self.queue.stalled_transaction_timeout:  # a stopped worker inside an Optuna transaction stalls the others too
+                abort_stalled_transactions(self._optuna.engine, self.queue.stalled_transaction_timeout)
         return self._optuna
 
     def _run_job(self, job: JobRecord, started: bool) -> None:

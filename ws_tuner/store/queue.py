@@ -166,8 +166,9 @@ class JobQueue:
     def __init__(self, store: Store, *, stalled_transaction_timeout: float | None = 60.0) -> None:
         self.store = store
         self._pg = store.dialect == "postgresql"
-        if self._pg and stalled_transaction_timeout:
-            _abort_stalled_transactions(store, stalled_transaction_timeout)
+        self.stalled_transaction_timeout = stalled_transaction_timeout if self._pg else None
+        if self.stalled_transaction_timeout:
+            abort_stalled_transactions(store._engine, self.stalled_transaction_timeout)
 
     # --- the database clock ---------------------------------------------------
     def _now(self) -> Any:
@@ -728,16 +729,16 @@ def study_name(job_id: int) -> str:
     return f"job-{job_id}"
 
 
-def _abort_stalled_transactions(store: Store, seconds: float) -> None:
+def abort_stalled_transactions(engine: Any, seconds: float) -> None:
     """Have PostgreSQL end a session that sits inside a transaction for ``seconds``.
 
     Every queue transaction takes milliseconds; one left open means its process is
     stalled (SIGSTOP, a debugger, a frozen VM) while holding row locks (a job's row,
     say) that would stall every other worker until it resumed. The server then
-    aborts it, the locks go, and the stalled worker's leases expire as usual."""
+    aborts it, the locks go, and the stalled worker's leases expire as usual. The
+    same holds for the Optuna storage's engine (a study's rows)."""
     from sqlalchemy import event
 
-    engine = store._engine
     if getattr(engine, "_ws_tune_stall_guard", None) == seconds:
         return
 
