@@ -251,8 +251,12 @@ class Pipeline:
             return False
         if slot.candidate is not None and slot.candidate.hash in self._proposed:
             known = self.known.get(slot.candidate.hash)
-            self.recorder.reuse(slot, known.result if known else TrialResult(slot.candidate.hash, Status.REJECTED, "measured already"))
-            return True
+            result = known.result if known else self._results.get(slot.candidate.hash)
+            if result is not None:
+                self.recorder.reuse(slot, result)
+                return True
+            # Proposed in this run, but its result was refused (the lease expired and
+            # the slot came back): measure it again rather than close the slot empty.
         proposal, exhausted = self._proposal(slot)
         if proposal is None:
             self.recorder.release(slot, exhausted=exhausted)
