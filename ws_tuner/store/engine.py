@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Select, create_engine, event, func, select
+from sqlalchemy import Engine, Select, create_engine, event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
@@ -116,16 +116,23 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def serialize_sqlite_writers(engine: Engine) -> None:
-    """WAL and ``BEGIN IMMEDIATE`` for ``engine``'s SQLite connections (the store's,
-    and Optuna's on the same file)."""
-    event.listen(engine, "connect", _sqlite_on_connect)
-    event.listen(engine, "begin", _sqlite_on_begin)
+def connect_args_for(sa_url: URL, timeouts: DbTimeouts | None = None) -> dict[str, Any]:
+    """The driver's connection arguments for the store's treatment of ``sa_url``
+    (the store's engines, and Optuna's on the same database)."""
+    if sa_url.get_backend_name() == "sqlite":
+        # Sessions hop threads (worker pools); the pool hands each connection to one at a time.
+        return {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
+    return (timeouts or DbTimeouts()).connect_args(sa_url.query)
 
 
-def sqlite_connect_args() -> dict[str, Any]:
-    # Sessions hop threads (worker pools); the pool hands each connection to one at a time.
-    return {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
+def configure_connections(engine: Engine, timeouts: DbTimeouts) -> None:
+    """The store's treatment of ``engine``'s connections: SQLite's writers serialized
+    (WAL, ``BEGIN IMMEDIATE``); every PostgreSQL wait bounded (guard.py)."""
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+    else:
+        guard_postgresql(engine, timeouts)
 
 
 def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
@@ -143,20 +150,20 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
             if sa_url.database in (None, "", ":memory:"):
                 # Each connection to :memory: is a new empty database: share one (tests only).
                 kwargs["poolclass"] = StaticPool
-            engine = create_engine(sa_url, connect_args=sqlite_connect_args(), **kwargs)
-            serialize_sqlite_writers(engine)
+            engine = create_engine(sa_url, connect_args=connect_args_for(sa_url), **kwargs)
+            configure_connections(engine, DbTimeouts())
             return engine
         if backend == "postgresql":
             if sa_url.drivername == "postgresql":
                 # Plain postgresql:// means psycopg2 to SQLAlchemy; psycopg 3 is what ws-tune installs.
                 sa_url = sa_url.set(drivername="postgresql+psycopg")
-            connect_args = (timeouts or DbTimeouts()).connect_args(sa_url.query)
+            connect_args = connect_args_for(sa_url, timeouts)
             if timeouts is None:
                 # pre_ping: a connection killed by a server restart is replaced at checkout.
                 return create_engine(sa_url, pool_pre_ping=True, connect_args=connect_args)
             # The guard checks a pooled connection at checkout, as pre_ping would, under a deadline.
             engine = create_engine(sa_url, connect_args=connect_args)
-            guard_postgresql(engine, timeouts)
+            configure_connections(engine, timeouts)
             return engine
     except (NoSuchModuleError, ImportError) as exc:
         raise StoreError(f"cannot open ws-tune database at {mask_url(url)}: {one_line(exc)}") from None
@@ -200,6 +207,12 @@ class Sql:
         LOCKED`` on PostgreSQL. SQLite renders no lock: its write transactions are
         ``BEGIN IMMEDIATE`` and so already serialized."""
         return query.with_for_update(skip_locked=True, **of)
+
+    def transaction_lock(self, connection: Connection, key: int) -> None:
+        """Serialize the transactions that take ``key`` (PostgreSQL's advisory lock);
+        SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
+        if self.pg:
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
     def clock(self, session: Session) -> datetime:
         """The database clock's reading, as aware UTC."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .engine import StoreError, mask_url, serialize_sqlite_writers, sqlite_connect_args
-from .guard import DbTimeouts, guard_postgresql
+from .engine import StoreError, configure_connections, connect_args_for, mask_url
+from .guard import DbTimeouts
 
 
 def study_name(job_id: int) -> str:
@@ -25,9 +25,8 @@ def optuna_storage(url: str, *, attempts: int = 5, timeouts: DbTimeouts | None =
     import optuna
     from sqlalchemy import make_url
 
-    sqlite = url.startswith("sqlite")
     timeouts = timeouts or DbTimeouts()
-    connect_args = sqlite_connect_args() if sqlite else timeouts.connect_args(make_url(url).query)
+    connect_args = connect_args_for(make_url(url), timeouts)
     last: Exception | None = None
     for attempt in range(attempts):
         try:
@@ -38,9 +37,6 @@ def optuna_storage(url: str, *, attempts: int = 5, timeouts: DbTimeouts | None =
             time.sleep(0.2 * (attempt + 1))
     else:
         raise StoreError(f"cannot open Optuna storage at {mask_url(url)}: {' '.join(str(last).split())[:300]}")
-    if sqlite:
-        serialize_sqlite_writers(storage.engine)
-    else:
-        guard_postgresql(storage.engine, timeouts)
+    configure_connections(storage.engine, timeouts)
     storage.engine.dispose()  # connections made so far lack the listeners
     return storage

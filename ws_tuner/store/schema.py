@@ -15,11 +15,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .engine import Database, StoreError, make_engine, mask_url, one_line, open_failure
+from .engine import Database, Sql, StoreError, make_engine, mask_url, one_line, open_failure
 from .models import VERSION_TABLE, Base
 
 _log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     # not at all. Concurrent migrators serialize on a lock (SQLite: BEGIN IMMEDIATE,
     # PostgreSQL: an advisory lock); the later one finds the schema at head.
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        Sql(connection.dialect.name).transaction_lock(connection, _MIGRATION_LOCK_KEY)
         config = alembic_config()
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
