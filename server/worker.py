@@ -43,6 +43,7 @@ from typing import Any
 from ..pipeline import Pipeline, PipelineOptions, TrialRecord, TuneReport
 from ..result import Status
 from ..store import Store, StoreError
+from ..store.engine import abort_stalled_transactions
 from ..store.guard import interrupt
 from ..store.queue import SEARCH, WARM, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease, optuna_storage, study_name
 from ..store.registry import Registry
@@ -190,6 +191,8 @@ class Worker:
     def _optuna_storage(self) -> Any:
         if self._optuna is None:
             self._optuna = self.retry.call("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
+            if self.queue.stalled_transaction_timeout:  # a stopped worker inside an Optuna transaction stalls the others too
+                abort_stalled_transactions(self._optuna.engine, self.queue.stalled_transaction_timeout)
         return self._optuna
 
     def _run_job(self, job: JobRecord, started: bool) -> None:

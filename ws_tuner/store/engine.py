@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
@@ -226,6 +227,31 @@ def utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+_stall_guards: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
+
+
+def abort_stalled_transactions(engine: Engine, seconds: float) -> None:
+    """Have PostgreSQL end a session of ``engine`` that sits inside a transaction
+    for ``seconds`` (PostgreSQL only: SQLite has no server to end it).
+
+    Every queue transaction takes milliseconds; one left open means its process is
+    stalled (SIGSTOP, a debugger, a frozen VM) while holding row locks (a job's row,
+    say) that would stall every other worker until it resumed. The server then
+    aborts it, the locks go, and the stalled worker's leases expire as usual. The
+    same holds for the Optuna storage's engine (a study's rows)."""
+    if engine.dialect.name != "postgresql" or _stall_guards.get(engine) == seconds:
+        return
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
+        dbapi_connection.commit()
+
+    event.listen(engine, "connect", on_connect)
+    _stall_guards[engine] = seconds
+    engine.dispose()  # pooled connections predate the setting
+
+
 # --- the database ---------------------------------------------------------------
 
 
@@ -239,7 +265,6 @@ class Database:
         self.engine = make_engine(url, self.timeouts)
         self._read_engine = self.engine.execution_options(ws_tune_read_only=True)
         self.sql = Sql(self.engine.dialect.name)
-        self._stall_guard: float | None = None
 
     @property
     def dialect(self) -> str:
@@ -284,22 +309,3 @@ class Database:
             raise
         finally:
             session.close()
-
-    def abort_stalled_transactions(self, seconds: float) -> None:
-        """Have PostgreSQL end a session that sits inside a transaction for ``seconds``.
-
-        Every queue transaction takes milliseconds; one left open means its process is
-        stalled (SIGSTOP, a debugger, a frozen VM) while holding row locks (a job's row,
-        say) that would stall every other worker until it resumed. The server then
-        aborts it, the locks go, and the stalled worker's leases expire as usual."""
-        if not self.sql.pg or self._stall_guard == seconds:
-            return
-
-        def on_connect(dbapi_connection: Any, _record: Any) -> None:
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
-            dbapi_connection.commit()
-
-        event.listen(self.engine, "connect", on_connect)
-        self._stall_guard = seconds
-        self.engine.dispose()  # pooled connections predate the setting

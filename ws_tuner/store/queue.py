@@ -8,6 +8,7 @@ failures surface as ``StoreError``. Records come back as frozen dataclasses.
 
 from __future__ import annotations
 
+from .engine import abort_stalled_transactions
 from .jobs import (
     BASELINE, CANCELLED, DONE, FAILED, FINAL_JOB_STATES, JOB_STATES, QUEUED, RUNNING, SEARCH, SLOT_STATES,
     SUCCEEDED, TERMINAL_SLOT_STATES, WARM, JobConflict, JobNotFound, Jobs,
@@ -32,5 +33,7 @@ class JobQueue(Jobs, Leases, Workers, Sweeper):
 
     def __init__(self, store: Store, *, stalled_transaction_timeout: float | None = 60.0) -> None:
         super().__init__(store)
-        if stalled_transaction_timeout:
-            store.abort_stalled_transactions(stalled_transaction_timeout)
+        # Also for the engines that share the database (Optuna's): None on SQLite.
+        self.stalled_transaction_timeout = stalled_transaction_timeout if self.sql.pg else None
+        if self.stalled_transaction_timeout:
+            abort_stalled_transactions(store.engine, self.stalled_transaction_timeout)
