@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from ws_tuner import search
 from ws_tuner.search.study import METRIC_NAME
-from ws_tuner.store.queue import optuna_storage
+from ws_tuner.store.sampler import optuna_storage
 from ws_tuner.testing import DummyRunner, VerifyOnlyBuilder
 from ws_tuner.tune import SEARCH, TuneOptions, Tuner
 

@@ -67,7 +67,7 @@ class StudyPlace:
     def open(self) -> tuple[optuna.Study, Any, int]:
         """(the study, its storage, its id), created on first use, its objective named."""
         if self.db_url is not None and self.storage is None:
-            from ..store.queue import optuna_storage
+            from ..store.sampler import optuna_storage
 
             self.storage = optuna_storage(self.db_url)
         storage = optuna.storages.get_storage(self.storage) if self.storage is not None else optuna.storages.InMemoryStorage()
