@@ -126,8 +126,7 @@ function plot(trials) {
   for (const v of [0, top / 2, top / 1.08]) {
     area.append(svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, fmt(v, 0)));
   }
-  area.append(svg("text", { x: L, y: H - 8 }, "1"), svg("text", { x: W - R, y: H - 8, "text-anchor": "end" }, `${n} trials`),
-              svg("text", { x: 12, y: T + 10 }, "TFLOP/s"));
+  area.append(svg("text", { x: L, y: H - 8 }, "1"), svg("text", { x: W - R, y: H - 8, "text-anchor": "end" }, `${n} trials`));
   let path = "";
   for (const t of trials) {
     if (t.best_tflops === null) continue;
