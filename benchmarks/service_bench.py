@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+from pydantic import BaseModel
 from sqlalchemy import create_engine, insert, make_url, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,19 +248,21 @@ def serve(db_url: str, tmp: Path, *, cache_ttl: float, public_reads: bool = True
     return Server(cmd, env, port, tmp / f"serve-{port}.log", "/api/v1/ready")
 
 
+class Body(BaseModel):
+    """The ceiling's POST body: the fields of the benchmark's job submissions."""
+
+    kernel: str
+    problem: str
+    budget: int
+    strategy: str
+    seed: int
+
+
 def ceiling_app() -> Any:
     """The minimal FastAPI app every figure is a ratio to."""
     from fastapi import FastAPI
-    from pydantic import BaseModel
 
     app = FastAPI()
-
-    class Body(BaseModel):
-        kernel: str
-        problem: str
-        budget: int
-        strategy: str
-        seed: int
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:
@@ -276,10 +279,10 @@ def run_ceiling(port: int) -> None:
     import uvicorn
 
     from ws_tuner.server.config import Settings
-    from ws_tuner.server.service import uvicorn_options
+    from ws_tuner.server.process import uvicorn_options
 
-    settings = Settings(port=port, log_level="warning")
-    uvicorn.Server(uvicorn.Config(ceiling_app(), **uvicorn_options(settings, access_log=False))).run()
+    settings = Settings(port=port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn.Config(ceiling_app(), **uvicorn_options(settings))).run()
 
 
 def in_process(db_url: str, calls: int = 300) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .kernels import CheckerBusy
 from .security import JOBS_WRITE, KERNELS_UPLOAD, READ, Principal
-from .services import Services
+from .state import Services
 
 _bearer = HTTPBearer(auto_error=False, description="An API token from `ws-tune token create`")
 

@@ -84,18 +84,31 @@ class BestLookupFastPath:
 
     Only answers the full route already produced (validated, looked up, turned
     into JSON bytes with an ETag) are served here, within their time to live;
-    a miss falls through to the route. Off when reads need a token."""
+    a miss falls through to the route. When reads need a token, only a request
+    whose bearer token the route checked within the token cache's time to live
+    is served here (no query); any other falls through, to be checked."""
 
     def __init__(self, app: Any, services: Any, path: str) -> None:
         self.app, self.services, self.path = app, services, path
+        self.need_token = services.settings.reads_need_token
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
             answer = self.services.fast_answer(scope["query_string"])
             if answer is not None:
-                await _send_answer(send, answer, dict(scope["headers"]).get(b"if-none-match"))
-                return
+                headers = dict(scope["headers"])
+                if not self.need_token or self.services.known_principal(bearer_token(headers.get(b"authorization"))):
+                    await _send_answer(send, answer, headers.get(b"if-none-match"))
+                    return
         await self.app(scope, receive, send)
+
+
+def bearer_token(authorization: bytes | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme in any case)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:

@@ -39,14 +39,14 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine, Select, create_engine, event, func, inspect, or_, select, text
+from sqlalchemy import Engine, Select, bindparam, create_engine, event, func, inspect, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from ..candidate import Candidate, canonical_json
+from ..candidate import Candidate, Lowering, canonical_json
 from ..result import Status, Timing, TrialResult
 from ..workload import WorkloadKey
 from .guard import DbTimeouts, guard_postgresql, interrupt
@@ -122,7 +122,7 @@ def mask_url(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) -> Store:
+def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> Store:
     """Open (and on first use, create) the store that ``resolve_db_url(url)`` names."""
     resolved = resolve_db_url(url)
     if not url and not os.environ.get(ENV_VAR):
@@ -133,7 +133,7 @@ def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) ->
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the ws-tune cache directory {directory}: {exc.strerror}") from None
-    return Store(resolved, timeouts=timeouts)
+    return Store(resolved, timeouts=timeouts, pool_size=pool_size)
 
 
 # --- Engine -------------------------------------------------------------------
@@ -170,21 +170,24 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _create_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
+def _create_engine(url: str, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> Engine:
     """An engine for ``url``. With ``timeouts``, every wait of a PostgreSQL
     connection is bounded (guard.py); without, only connecting is (migrations,
-    whose statements may take long)."""
+    whose statements may take long). ``pool_size``: connections kept open (a
+    server sizes it to its threads, so that load does not open and close
+    connections); SQLAlchemy's default (5, and 10 more opened on demand) without."""
     try:
         sa_url = make_url(url)
     except ArgumentError:
         raise StoreError(f"not a database URL or file path: {mask_url(url)}") from None
     backend = sa_url.get_backend_name()
+    pool: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 10} if pool_size else {}
     try:
         if backend == "sqlite":
-            kwargs: dict[str, Any] = {}
+            kwargs: dict[str, Any] = dict(pool)
             if sa_url.database in (None, "", ":memory:"):
                 # Each connection to :memory: is a new empty database: share one (tests only).
-                kwargs["poolclass"] = StaticPool
+                kwargs = {"poolclass": StaticPool}
             engine = create_engine(
                 sa_url,
                 # Sessions hop threads (worker pools); the pool hands each connection to one at a time.
@@ -203,7 +206,7 @@ def _create_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
                 # pre_ping: a connection killed by a server restart is replaced at checkout.
                 return create_engine(sa_url, pool_pre_ping=True, connect_args=connect_args)
             # The guard checks a pooled connection at checkout, as pre_ping would, under a deadline.
-            engine = create_engine(sa_url, connect_args=connect_args)
+            engine = create_engine(sa_url, connect_args=connect_args, **pool)
             guard_postgresql(engine, timeouts)
             return engine
     except (NoSuchModuleError, ImportError) as exc:
@@ -353,6 +356,62 @@ def _key_of(row: WorkloadModel) -> WorkloadKey:
 RANK_ORDER = (TrialModel.confirmed.desc(), TrialModel.ratio.is_(None), TrialModel.ratio, TrialModel.median_ms, TrialModel.id)
 
 
+@dataclass(frozen=True)
+class StoredBest:
+    """The best trial of a lookup as stored: the row's values and the candidate's
+    canonical JSON, for an answer built without re-creating the candidate."""
+
+    trial_id: int
+    updated_at: datetime
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+    tflops: float | None
+    candidate_hash: str
+    lowering: str
+    params_json: str
+    schedule_json: str | None
+    key: WorkloadKey
+
+
+# The best-schedule lookup, built once (rebuilding a select costs a fifth of a lookup):
+# the workloads of (kernel, source, problem, device) on any toolchain, then each one's
+# fastest compilable trial, read first in the rank index (no sort, whatever its size).
+_WORKLOADS_AT = (
+    select(WorkloadModel)
+    .where(
+        WorkloadModel.kernel == bindparam("kernel"),
+        WorkloadModel.source_hash == bindparam("source_hash"),
+        WorkloadModel.problem == bindparam("problem"),
+        WorkloadModel.device == bindparam("device"),
+    )
+    .order_by(WorkloadModel.id)
+)
+_BEST_OF_WORKLOAD = (
+    select(
+        TrialModel.id, TrialModel.updated_at, TrialModel.median_ms, TrialModel.p20_ms, TrialModel.p80_ms, TrialModel.reps,
+        TrialModel.tflops, TrialModel.confirmed, TrialModel.ratio, CandidateModel.hash, CandidateModel.lowering,
+        CandidateModel.params, CandidateModel.schedule,
+    )  # fmt: skip
+    .join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
+    .where(
+        TrialModel.workload_id == bindparam("workload"),
+        TrialModel.status == Status.OK.value,
+        TrialModel.median_ms.is_not(None),
+        # What tilelang can compile: a WS schedule or its own lowerings, never the vendor reference.
+        CandidateModel.lowering != Lowering.REFERENCE.value,
+    )
+    .order_by(*RANK_ORDER)
+    .limit(1)
+)
+
+
+def _rank(row: Any) -> tuple[Any, ...]:
+    """RANK_ORDER in Python, to pick among the best trials of several workloads."""
+    return (not row.confirmed, row.ratio is None, row.ratio or 0.0, row.median_ms, row.id)
+
+
 def _trials() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
@@ -409,12 +468,18 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
 class Store:
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
-    def __init__(self, url: str, *, timeouts: DbTimeouts | None = None) -> None:
+    def __init__(self, url: str, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> None:
         self.url = url
         self.display_url = mask_url(url)  # for messages: never shows a password
         self.timeouts = timeouts or DbTimeouts()
-        self._engine = _create_engine(url, self.timeouts)
+        self._engine = _create_engine(url, self.timeouts, pool_size)
         self._read_engine = self._engine.execution_options(ws_tune_read_only=True)
+        # Lookups need no transaction: on PostgreSQL each read runs in autocommit (no
+        # BEGIN/ROLLBACK round trips). Not on SQLite, where the driver's default isolation,
+        # restored when a connection goes back, would take back our control of BEGIN.
+        self._lookup_engine = (
+            self._read_engine.execution_options(isolation_level="AUTOCOMMIT") if self.dialect == "postgresql" else self._read_engine
+        )
         try:
             self._check_schema()
         except BaseException:
@@ -605,6 +670,28 @@ class Store:
         query = _trials().join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
         found = self._fastest(query.where(WorkloadModel.key_hash == key.hash), 1)
         return found[0] if found else None
+
+    def best_stored(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
+        """The fastest correct compilable trial of one source of ``kernel`` at the canonical
+        ``problem`` JSON on ``device``, on any toolchain; None if there is none. Its cost
+        does not grow with the number of trials: each workload's best is its first
+        entry in the rank index."""
+        where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        try:
+            with self._lookup_engine.connect() as connection:
+                workloads = {row.id: _key_of(row) for row in connection.execute(_WORKLOADS_AT, where)}
+                rows = [connection.execute(_BEST_OF_WORKLOAD, {"workload": wid}).first() for wid in workloads]
+        except DBAPIError as exc:
+            raise StoreError(f"ws-tune database at {self.display_url}: {_one_line(exc)}") from None
+        found = [row for row in rows if row is not None]
+        if not found:
+            return None
+        best = min(found, key=_rank)
+        workload = next(wid for wid, row in zip(workloads, rows) if row is best)
+        return StoredBest(
+            best.id, _utc(best.updated_at), best.median_ms, best.p20_ms, best.p80_ms, best.reps, best.tflops,
+            best.hash, best.lowering, best.params, best.schedule, workloads[workload],
+        )  # fmt: skip
 
     def status_counts(self, *, workload_id: int) -> dict[str, int]:
         """How many trials of the workload are in each status (status value -> count)."""

@@ -149,21 +149,21 @@ class EmbeddedWorkers:
                 proc.wait()
 
 
-def uvicorn_options(settings: Settings, *, access_log: bool) -> dict[str, Any]:
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's settings for the API (benchmarks/service_bench.py runs its ceiling under the same)."""
     return dict(
-        host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=access_log,
+        host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=settings.access_log,
         server_header=False, proxy_headers=False, timeout_graceful_shutdown=10,
         http="httptools" if importlib.util.find_spec("httptools") else "auto",
         loop="uvloop" if importlib.util.find_spec("uvloop") else "auto",
     )  # fmt: skip
 
 
-def serve(settings: Settings, *, worker_args: list[str] | None = None, access_log: bool = True) -> None:
+def serve(settings: Settings, *, worker_args: list[str] | None = None) -> None:
     import uvicorn
 
     from .main import create_app
-    from .services import Services
+    from .state import Services
 
     configure_logging(settings.log_level)
     settings = seal(settings)
@@ -187,7 +187,7 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
     try:
-        common = uvicorn_options(settings, access_log=access_log)
+        common = uvicorn_options(settings)
         if settings.http_workers > 1:
             # uvicorn's processes build the app from the environment (and seal themselves, app_from_env).
             os.environ.update(settings_env(settings))

@@ -5,6 +5,7 @@ processes stay consistent within seconds."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,11 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from ..candidate import canonical_json
+from ..schedule import Schedule
 from ..store import Store, open_store
 from ..store.queue import JobQueue, optuna_storage
 from ..store.registry import KernelRecord, Registry
+from ..store.repository import StoredBest
 from . import kernels as kernel_files
 from .config import Settings
+from .schemas import BestPublic
 from .security import ADMIN, Principal, hash_token
 
 _log = logging.getLogger(__name__)
@@ -101,7 +105,8 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        store = open_store(settings.db, timeouts=settings.db_timeouts)
+        # A connection for each route thread, the two refreshers and the sweeper: none waits for one, none is opened and closed under load.
+        store = open_store(settings.db, timeouts=settings.db_timeouts, pool_size=settings.threads + 3)
         services = cls(settings, store)
         try:
             services.register_kernel_dirs()
@@ -157,6 +162,17 @@ class Services:
             record = self.registry.token_by_hash(digest)
             cached = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
         return None if cached is _MISSING else cached
+
+    def known_principal(self, token: str | None) -> Principal | None:
+        """The principal of a token found valid within the token cache's time to
+        live, without a query; None for any other (the route checks those)."""
+        if not token:
+            return None
+        digest = hash_token(token)
+        if self._bootstrap_hash is not None and secrets.compare_digest(digest, self._bootstrap_hash):
+            return Principal(None, "bootstrap", (ADMIN,))
+        cached = self._auth.get(digest)
+        return None if cached is None or cached is _MISSING else cached
 
     # --- best schedules ---------------------------------------------------------
     # Answers are kept as ready JSON bytes for best_cache_ttl seconds, and for up to
@@ -241,34 +257,35 @@ class Services:
                 return CachedAnswer(409, _error(f"results of several sources of {kernel} at {problem_json} on {device!r}; "
                                                 "choose one with source_hash"))  # fmt: skip
             source_hash = sources[0] if sources else None
-        best = self.registry.best(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
+        best = self.store.best_stored(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
             return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
-        trial, key = best.trial, best.key
-        timing = trial.result.timing
-        assert timing is not None
-        body = {
-            "kernel": key.kernel,
-            "problem": json.loads(key.problem),
-            "device": key.device,
-            "source_hash": key.source_hash,
-            "workload": key.to_json(),
-            "candidate_hash": trial.candidate.hash,
-            "candidate": trial.candidate.to_json(),
-            "lowering": trial.candidate.lowering.value,
-            "median_ms": timing.median_ms,
-            "p20_ms": timing.p20_ms,
-            "p80_ms": timing.p80_ms,
-            "reps": timing.reps,
-            "tflops": trial.result.tflops,
-            "tilelang": trial.candidate.schedule.to_source() if trial.candidate.schedule else None,
-            "updated_at": trial.updated_at.isoformat(),
-        }
-        data = json.dumps(body, separators=(",", ":")).encode()
         # The ETag names the stored row's version: it changes when a faster trial
         # wins or this one is re-measured, whichever server process answers.
-        tag = hashlib.sha256(f"{best.trial_id}:{trial.updated_at.isoformat()}:{trial.candidate.hash}".encode()).hexdigest()[:32]
-        return CachedAnswer(200, data, f'"{tag}"')
+        tag = hashlib.sha256(f"{best.trial_id}:{best.updated_at.isoformat()}:{best.candidate_hash}".encode()).hexdigest()[:32]
+        return CachedAnswer(200, best_json(best), f'"{tag}"')
+
+
+def best_json(best: StoredBest) -> bytes:
+    """BestPublic as JSON, from the stored row and canonical JSON: the candidate is
+    not re-created, its hash not recomputed."""
+    key = best.key
+    schedule = json.loads(best.schedule_json) if best.schedule_json is not None else None
+    public = BestPublic.model_construct(
+        kernel=key.kernel, problem=json.loads(key.problem), device=key.device, source_hash=key.source_hash,
+        workload=key.to_json(), candidate_hash=best.candidate_hash,
+        candidate={"lowering": best.lowering, "params": json.loads(best.params_json), "schedule": schedule},
+        lowering=best.lowering, median_ms=best.median_ms, p20_ms=best.p20_ms, p80_ms=best.p80_ms, reps=best.reps,
+        tflops=best.tflops, tilelang=_tilelang(best.schedule_json) if best.schedule_json is not None else None,
+        updated_at=best.updated_at,
+    )  # fmt: skip
+    return BestPublic.__pydantic_serializer__.to_json(public)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tilelang(schedule_json: str) -> str:
+    """A schedule's TileLang code, by its canonical JSON (a stored schedule never changes)."""
+    return Schedule.from_json(json.loads(schedule_json)).to_source()
 
 
 def _error(detail: str) -> bytes:
