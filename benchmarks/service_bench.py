@@ -285,8 +285,8 @@ def run_ceiling(port: int) -> None:
     uvicorn.Server(uvicorn.Config(ceiling_app(), **uvicorn_options(settings))).run()
 
 
-def in_process(db_url: str, calls: int = 300) -> dict[str, Any]:
-    """``best_trial`` on the 100,000-trial workload with one open Store."""
+def in_process(db_url: str, calls: int = 1000, seconds: float = 10.0) -> dict[str, Any]:
+    """``best_trial`` on the 100,000-trial workload with one open Store (``calls``, or fewer in ``seconds``)."""
     from ws_tuner.kernel import load_kernel
     from ws_tuner.lookup import best_trial
     from ws_tuner.store import Store
@@ -295,18 +295,18 @@ def in_process(db_url: str, calls: int = 300) -> dict[str, Any]:
     spec = load_kernel(ROOT / "examples" / "gemm.py")
     env = Environment("sm_90a", DEVICE, "0.1.15", "12.8", "570.1")
     with Store(db_url) as store:
-        latencies = []
-        start_cpu = time.process_time()
-        for _ in range(calls):
+        latencies: list[float] = []
+        start_cpu, deadline = time.process_time(), time.perf_counter() + seconds
+        while len(latencies) < calls and time.perf_counter() < deadline:
             t = time.perf_counter()
             found = best_trial(spec, BIG_PROBLEM, db=store, env=env)
             latencies.append(time.perf_counter() - t)
             assert found is not None and found.result.timing is not None
         cpu = time.process_time() - start_cpu
     latencies.sort()
-    total = sum(latencies)
-    return {"requests": calls, "duration_us": total * 1e6, "rps": calls / total, "p50_us": latencies[calls // 2] * 1e6,
-            "p99_us": latencies[int(calls * 0.99)] * 1e6, "non2xx": 0, "cpu_us_per_req": cpu * 1e6 / calls}  # fmt: skip
+    n, total = len(latencies), sum(latencies)
+    return {"requests": n, "duration_us": total * 1e6, "rps": n / total, "p50_us": latencies[n // 2] * 1e6,
+            "p99_us": latencies[int(n * 0.99)] * 1e6, "non2xx": 0, "cpu_us_per_req": cpu * 1e6 / n}  # fmt: skip
 
 
 def main() -> int:
@@ -315,6 +315,8 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--run", default=f"service-{datetime.date.today().isoformat()}", help="results go to benchmarks/results/RUN/")
+    parser.add_argument("--only", nargs="*", default=[], help="run only the rows whose names start so (the ceilings always run); "
+                        "their rows replace those of the same names in the run's file")  # fmt: skip
     parser.add_argument("--ceiling", type=int, help=argparse.SUPPRESS)  # internal: serve the ceiling app on this port
     args = parser.parse_args()
     if args.ceiling:
@@ -336,7 +338,13 @@ def main() -> int:
     servers: list[Server] = []
     measure = dict(seconds=args.seconds, connections=args.connections, script_dir=tmp)
 
+    def want(*names: str) -> bool:
+        """Whether to run any of these rows (the ceilings always run: every row is a ratio to them)."""
+        return not args.only or any(n.startswith(("ceiling", *args.only)) for n in names)
+
     def bench(name: str, server: Server, path: str, ceiling: float | None, **kw: Any) -> None:
+        if not want(name):
+            return
         url = f"http://127.0.0.1:{server.port}{path}"
         wrk(binary, url, **{**measure, "seconds": 1.0}, pid=None, **kw)  # warm-up: connections, caches, JIT of the planner
         rows.append(row(name, wrk(binary, url, **measure, pid=server.proc.pid, **kw), ceiling))
@@ -349,8 +357,10 @@ def main() -> int:
         started = time.perf_counter()
         token = seed(pg, WORKLOADS, TRIALS, 4096)
         seed(lite, WORKLOADS, TRIALS, 4096)
-        seed(pg_big, 1, BIG, 8192)
-        seed(lite_big, 1, BIG, 8192)
+        big = want(*(f"{kind}-100k-{db}" for kind in ("lookup-uncached", "best-schedule") for db in ("pg", "sqlite")))
+        if big:
+            seed(pg_big, 1, BIG, 8192)
+            seed(lite_big, 1, BIG, 8192)
         print(f"ws-tune service benchmark: wrk -t1 -c{args.connections}, {args.seconds:g} s per run, {os.cpu_count()} CPU cores "
               f"shared by server and wrk; seeded in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
 
@@ -370,6 +380,8 @@ def main() -> int:
 
         hit, miss = best(PROBLEM.format(k=4096 + 64 * LOOKED_UP)), best("M=1,N=1,K=1")
         for label, db in (("pg", pg), ("sqlite", lite)):
+            if not want(f"lookup-uncached-{label}", f"lookup-miss-{label}"):
+                continue
             server = start(serve(db, tmp, cache_ttl=0.0))
             assert httpx.get(f"http://127.0.0.1:{server.port}{hit}").status_code == 200
             bench(f"lookup-uncached-{label}", server, hit, get_ceiling)
@@ -377,22 +389,25 @@ def main() -> int:
                 bench("lookup-miss-pg", server, miss, get_ceiling)
             server.stop()
         for label, db in (("pg", pg_big), ("sqlite", lite_big)):
+            if not want(f"lookup-uncached-100k-{label}"):
+                continue
             server = start(serve(db, tmp, cache_ttl=0.0))
             bench(f"lookup-uncached-100k-{label}", server, best(BIG_PROBLEM), get_ceiling)
             server.stop()
 
-        server = start(serve(pg, tmp, cache_ttl=1.0))
-        bench("lookup-cached-pg", server, hit, get_ceiling)
-        auth = {"Authorization": f"Bearer {token}", **post}
-        bench("submit-pg", server, "/api/v1/jobs", post_ceiling, body=body, headers=auth)
-        server.stop()
-        server = start(serve(pg, tmp, cache_ttl=1.0, public_reads=False))
-        assert httpx.get(f"http://127.0.0.1:{server.port}{hit}").status_code == 401
-        bench("lookup-auth-pg", server, hit, get_ceiling, headers={"Authorization": f"Bearer {token}"})
-        server.stop()
-
+        server = start(serve(pg, tmp, cache_ttl=1.0)) if want("lookup-cached-pg", "submit-pg") else None
+        if server:
+            bench("lookup-cached-pg", server, hit, get_ceiling)
+            bench("submit-pg", server, "/api/v1/jobs", post_ceiling, body=body, headers={"Authorization": f"Bearer {token}", **post})
+            server.stop()
+        if want("lookup-auth-pg"):
+            server = start(serve(pg, tmp, cache_ttl=1.0, public_reads=False))
+            assert httpx.get(f"http://127.0.0.1:{server.port}{hit}").status_code == 401
+            bench("lookup-auth-pg", server, hit, get_ceiling, headers={"Authorization": f"Bearer {token}"})
+            server.stop()
         for label, db in (("pg", pg_big), ("sqlite", lite_big)):
-            rows.append(row(f"best-schedule-100k-{label}", in_process(db), None))
+            if want(f"best-schedule-100k-{label}"):
+                rows.append(row(f"best-schedule-100k-{label}", in_process(db), None))
     finally:
         for server in servers:
             server.stop()
@@ -404,7 +419,9 @@ def main() -> int:
 
     out = ROOT / "benchmarks" / "results" / args.run / "service.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    fresh = {r.name: asdict(r) for r in rows}
+    kept = [r for r in json.loads(out.read_text()) if r["name"] not in fresh] if args.only and out.exists() else []
+    out.write_text(json.dumps(kept + list(fresh.values()), indent=1) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
