@@ -59,7 +59,7 @@ def check_upload(services: Services, source: str, name: str) -> None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "2"}) from None
 
 
-def known_query_only(request: Request) -> None:
+async def known_query_only(request: Request) -> None:  # async: no thread hop for a check that never blocks
     """Refuse query parameters the route does not take, and any given twice (422):
     a misspelt filter must not silently widen a listing, nor ``?limit=5&limit=500``
     mean whichever one the framework happens to keep."""

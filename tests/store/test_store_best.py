@@ -12,7 +12,7 @@ from sqlalchemy import text
 from ws_tuner.candidate import Lowering, canonical_json
 from ws_tuner.result import Status
 from ws_tuner.store import Store
-from ws_tuner.store.repository import _BEST_OF_WORKLOAD
+from ws_tuner.store.repository import _BEST_AT
 
 
 def _lookup(store: Store, key: Any) -> Any:
@@ -72,7 +72,8 @@ def test_best_reads_the_rank_index_in_order(store: Store) -> None:
     PostgreSQL sorting is made prohibitively dear, so a sort in the plan means
     the index cannot give the order (whatever the table's size)."""
     with store._engine.connect() as connection:
-        statement = str(_BEST_OF_WORKLOAD.params(workload=1).compile(connection, compile_kwargs={"literal_binds": True}))
+        where = _BEST_AT.params(kernel="gemm", source_hash="ab", problem="{}", device="NVIDIA H200")
+        statement = str(where.compile(connection, compile_kwargs={"literal_binds": True}))
         if store.dialect == "sqlite":
             plan = [row[-1] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}")]
         else:
