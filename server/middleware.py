@@ -7,6 +7,8 @@ import json
 import time
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 Scope = dict[str, Any]
 
 
@@ -82,9 +84,10 @@ class BestLookupFastPath:
     """Serve a repeated ``GET /api/v1/best?...`` straight from the answer cache,
     keyed by the raw query string, before routing and parameter validation.
 
-    Only answers the full route already produced (validated, looked up, turned
-    into JSON bytes with an ETag) are served here, within their time to live;
-    a miss falls through to the route. When reads need a token, only a request
+    Only query strings the full route already answered (validated, looked up,
+    turned into JSON bytes with an ETag) are served here: from memory within
+    the answer's time to live, else looked up again by the key the route
+    resolved; any other falls through to the route. When reads need a token, only a request
     whose bearer token the route checked within the token cache's time to live
     is served here (no query); any other falls through, to be checked."""
 
@@ -94,10 +97,16 @@ class BestLookupFastPath:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
-            answer = self.services.fast_answer(scope["query_string"])
-            if answer is not None:
-                headers = dict(scope["headers"])
-                if not self.need_token or self.services.known_principal(bearer_token(headers.get(b"authorization"))):
+            headers = dict(scope["headers"])
+            if not self.need_token or self.services.known_principal(bearer_token(headers.get(b"authorization"))):
+                query = scope["query_string"]
+                answer = self.services.fast_answer(query)
+                key = self.services.known_query(query) if answer is None else None
+                if key is not None:
+                    # A query string the route validated before, its answer not in memory (expired,
+                    # or the cache is off): looked up again here, without routing and validation.
+                    answer = await run_in_threadpool(self.services.best_answer, *key)
+                if answer is not None:
                     await _send_answer(send, answer, headers.get(b"if-none-match"))
                     return
         await self.app(scope, receive, send)

@@ -215,6 +215,10 @@ class Services:
             self.refresh_best(key)
         return entry[0]
 
+    def known_query(self, query: bytes) -> tuple[Any, ...] | None:
+        """The lookup key of a raw query string the route has answered, if any."""
+        return self._query_key.get(query)
+
     def refresh_best(self, key: tuple[Any, ...]) -> None:
         with self._refresh_lock:
             if key in self._refreshing:
