@@ -10,6 +10,7 @@ stored, so production code always gets a kernel.
 from __future__ import annotations
 
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,27 @@ def store_for(db: str | Store | None) -> Store:
 
 def fastest_compilable(store: Store, key: WorkloadKey, k: int = 1) -> list[StoredTrial]:
     """The ``k`` fastest stored trials of ``key`` that compile to a tilelang kernel."""
-    candidates = store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
-    workload = next((wid for wid, wkey in candidates if wkey == key), None)
+    workload = _workload_of(store, key)
     # One reference per workload at most, so k + 1 rows always hold k others.
     top = store.top_k(workload_id=workload, k=k + 1) if workload is not None else []
     found = [t for t in top if t.candidate.lowering is not Lowering.REFERENCE][:k]
+    return found
+
+
+# A workload's id never changes once it exists (workloads are never deleted): remembered
+# per store, it saves a query per lookup. One not stored yet is asked for again.
+_workload_ids: weakref.WeakKeyDictionary[Store, dict[WorkloadKey, int]] = weakref.WeakKeyDictionary()
+
+
+def _workload_of(store: Store, key: WorkloadKey) -> int | None:
+    with _stores_lock:
+        known = _workload_ids.setdefault(store, {})
+    found = known.get(key)
+    if found is None:
+        candidates = store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+        found = next((wid for wid, wkey in candidates if wkey == key), None)
+        if found is not None:
+            known[key] = found
     return found
 
 

@@ -190,3 +190,28 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     again = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
                   options=TuneOptions(budget=7, baselines=False, confirm_top=0)).run()  # fmt: skip
     assert all(r.cached for r in again.records) and len(again.records) == 7
+
+
+def test_best_schedule_by_url_reuses_one_store(db_url: str, open_db: Callable) -> None:
+    """``best_schedule(path, db=URL)`` opens one store per URL for the process, not one per call."""
+    from ws_tuner import lookup
+
+    fastest = _commit(open_db(db_url), 0.5, 1)
+    _commit(open_db(db_url), 0.7, 2)
+    spec = load_kernel(EXAMPLES / "gemm.py")
+    try:
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == fastest
+        store = lookup.store_for(db_url)
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == fastest and lookup.store_for(db_url) is store
+        assert lookup.store_for(store) is store
+        faster = _commit(open_db(db_url), 0.2, 3)  # a new best in the same workload: found at once
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == faster
+        other = Environment("sm_90a", "NVIDIA H200", "0.1.16", "12.8", "570.1")
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=other) is None  # no workload (yet)
+        _commit(open_db(db_url), 0.9, 4, env=other)
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=other) is not None  # asked again, now found
+    finally:
+        with lookup._stores_lock:
+            opened = lookup._stores.pop(lookup.resolve_db_url(db_url), None)
+        if opened is not None:
+            opened.close()
