@@ -157,24 +157,24 @@ class Services:
         """The principal of a presented token, or None. Looked up by sha256; the
         token itself is never stored, cached or logged."""
         digest = hash_token(token)
-        if self._bootstrap_hash is not None and secrets.compare_digest(digest, self._bootstrap_hash):
-            return Principal(None, "bootstrap", (ADMIN,))
-        cached = self._auth.get(digest)
-        if cached is None:
+        found = self._checked(digest)
+        if found is None:
             record = self.registry.token_by_hash(digest)
-            cached = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
-        return None if cached is _MISSING else cached
+            found = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
+        return None if found is _MISSING else found
 
     def known_principal(self, token: str | None) -> Principal | None:
         """The principal of a token found valid within the token cache's time to
-        live, without a query; None for any other (the route checks those)."""
-        if not token:
-            return None
-        digest = hash_token(token)
+        live, without a query; None for any other (``authenticate`` checks those)."""
+        found = self._checked(hash_token(token)) if token else None
+        return None if found is _MISSING else found
+
+    def _checked(self, digest: str) -> Any:
+        """The bootstrap principal, or a check of the token cache (a principal or
+        _MISSING), or None when the token has not been checked within its TTL."""
         if self._bootstrap_hash is not None and secrets.compare_digest(digest, self._bootstrap_hash):
             return Principal(None, "bootstrap", (ADMIN,))
-        cached = self._auth.get(digest)
-        return None if cached is None or cached is _MISSING else cached
+        return self._auth.get(digest)
 
     # --- best schedules ---------------------------------------------------------
     # Answers are kept as ready JSON bytes for best_cache_ttl seconds, and for up to
