@@ -20,10 +20,11 @@ on SQLite files. Rows written to benchmarks/results/<run>/service.json:
   lookup-auth-pg                     GET /best with a bearer token (reads need one), 1 s caches
   submit-pg                          POST /jobs, authenticated, each with its own seed
   best-schedule-100k-{pg,sqlite}     in-process `best_trial` with a Store (calls/s, no ceiling)
+  commit-trial-8w-{pg,sqlite}        `Store.commit_trial` from 8 worker processes together (trials/s, no ceiling)
 
 Targets (issue 11): uncached >= 0.5x the ceiling with p99 <= 20 ms; cached and
-authenticated >= 2x with p99 <= 10 ms; submission >= 1,000/s; in-process
-p99 <= 1 ms on 100,000 trials.
+authenticated >= 2x with p99 <= 10 ms; submission >= 1,000/s; trial commits
+>= 1,000/s from 8 workers; in-process p99 <= 1 ms on 100,000 trials.
 """
 
 from __future__ import annotations
@@ -309,6 +310,37 @@ def in_process(db_url: str, calls: int = 1000, seconds: float = 10.0) -> dict[st
             "p99_us": latencies[int(n * 0.99)] * 1e6, "non2xx": 0, "cpu_us_per_req": cpu * 1e6 / n}  # fmt: skip
 
 
+def _committer(db_url: str, worker: int, seconds: float) -> list[float]:
+    """One worker process: ``Store.commit_trial`` one after another for ``seconds``; the latencies."""
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.result import Status, Timing, TrialResult
+    from ws_tuner.store import Store
+
+    with Store(db_url) as store:
+        workload = store.find_workloads()[0][0]
+        latencies: list[float] = []
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            c = Candidate.make({"worker": worker, "i": len(latencies)}, None, Lowering.DEFAULT)
+            result = TrialResult(c.hash, Status.OK, timing=Timing(1.0, 1.0, 1.0, 30), tflops=100.0)
+            start = time.perf_counter()
+            store.commit_trial(workload_id=workload, candidate=c, result=result)
+            latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def trial_commits(db_url: str, workers: int, seconds: float) -> dict[str, Any]:
+    """``workers`` processes committing trials to one workload together (as tuning workers do)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        parts = pool.starmap(_committer, [(db_url, w, seconds) for w in range(workers)])
+    latencies = sorted(x for part in parts for x in part)
+    n = len(latencies)
+    return {"requests": n, "duration_us": seconds * 1e6, "rps": n / seconds, "p50_us": latencies[n // 2] * 1e6,
+            "p99_us": latencies[int(n * 0.99)] * 1e6, "non2xx": 0, "cpu_us_per_req": None}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", default=os.environ.get("WS_TUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -408,6 +440,9 @@ def main() -> int:
         for label, db in (("pg", pg_big), ("sqlite", lite_big)):
             if want(f"best-schedule-100k-{label}"):
                 rows.append(row(f"best-schedule-100k-{label}", in_process(db), None))
+        for label, db in (("pg", pg), ("sqlite", lite)):
+            if want(f"commit-trial-8w-{label}"):
+                rows.append(row(f"commit-trial-8w-{label}", trial_commits(db, 8, args.seconds), None))
     finally:
         for server in servers:
             server.stop()
