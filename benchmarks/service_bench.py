@@ -208,7 +208,8 @@ def row(name: str, report: dict[str, Any], ceiling: float | None) -> Row:
             p50_ms=round(report["p50_us"] / 1000, 2), ratio=round(report["rps"] / ceiling, 3) if ceiling else None,
             requests=report["requests"], non2xx=report["non2xx"])  # fmt: skip
     print(f"  {r.name:30s} {r.rps:9.0f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
-          f"{'' if r.ratio is None else f'{r.ratio:5.2f}x ceiling'}  cpu {r.cpu_us_per_req} us/req  non-2xx {r.non2xx}", flush=True)  # fmt: skip
+          f"{'' if r.ratio is None else f'{r.ratio:5.2f}x ceiling'}  cpu {r.cpu_us_per_req} us/req  non-2xx {r.non2xx}",
+          flush=True)  # fmt: skip
     return r
 
 
@@ -397,8 +398,8 @@ def main() -> int:
               f"shared by server and wrk; seeded in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
 
         port = _free_port()
-        ceiling = start(Server([sys.executable, str(Path(__file__).resolve()), "--ceiling", str(port)], {**os.environ, "PYTHONPATH": str(ROOT)},
-                               port, tmp / "ceiling.log", "/ping"))  # fmt: skip
+        ceiling_cmd = [sys.executable, str(Path(__file__).resolve()), "--ceiling", str(port)]
+        ceiling = start(Server(ceiling_cmd, {**os.environ, "PYTHONPATH": str(ROOT)}, port, tmp / "ceiling.log", "/ping"))
         body = json.dumps({"kernel": "gemm", "problem": PROBLEM.format(k=4096), "budget": 64, "strategy": "tpe", "seed": 0})
         body = body.replace('"seed": 0', '"seed": %d')
         post = {"Content-Type": "application/json"}

@@ -87,9 +87,10 @@ class BestLookupFastPath:
     Only query strings the full route already answered (validated, looked up,
     turned into JSON bytes with an ETag) are served here: from memory within
     the answer's time to live, else looked up again by the key the route
-    resolved; any other falls through to the route. When reads need a token, only a request
-    whose bearer token the route checked within the token cache's time to live
-    is served here (no query); any other falls through, to be checked."""
+    resolved; any other falls through to the route. When reads need a token,
+    only a request whose bearer token was checked within the token cache's
+    time to live is served here (no query); any other falls through, to be
+    checked by the route."""
 
     def __init__(self, app: Any, services: Any, path: str) -> None:
         self.app, self.services, self.path = app, services, path

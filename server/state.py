@@ -107,7 +107,8 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        # A connection for each route thread, the two refreshers and the sweeper: none waits for one, none is opened and closed under load.
+        # A connection for each route thread, the two refreshers and the sweeper: under
+        # load none waits for a connection, and none is opened and closed per request.
         store = open_store(settings.db, timeouts=settings.db_timeouts, pool_size=settings.threads + 3)
         services = cls(settings, store)
         try:
