@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     best_cache_ttl: float = Field(1.0, ge=0, description="seconds a best-schedule answer is served from memory")
     auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
     log_level: str = "info"
+    access_log: bool = Field(False, description="log every request (uvicorn's access log; about a quarter more CPU per request)")
+    threads: int = Field(
+        40, ge=1, le=1000, description="threads that run blocking route code; the database pool holds as many connections"
+    )
 
     db_timeout: float = Field(
         15.0, gt=0, le=600, description="seconds one database call may take (statements, locks, a silent connection)"

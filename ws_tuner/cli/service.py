@@ -32,16 +32,16 @@ def serve(
     workers: Optional[int] = typer.Option(None, "--workers", help="Embedded tuning workers (default: 1 on SQLite, 0 on PostgreSQL)"),
     http_workers: Optional[int] = typer.Option(None, "--http-workers", help="uvicorn worker processes"),
     kernel_dir: Optional[list[Path]] = typer.Option(None, "--kernel-dir", help="Register the kernel files of this directory (repeatable)"),
-    access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+    access_log: Optional[bool] = typer.Option(None, "--access-log/--no-access-log", help="Log every request (default: off)"),
     worker_arg: Optional[list[str]] = typer.Option(None, "--worker-arg", hidden=True, help="Passed to the embedded workers (tests)"),
 ) -> None:
     """Run the tuning service: the REST API (/api/v1, docs at /docs) and, on SQLite, a worker."""
     from ..server.config import load_settings
-    from ..server.service import serve as run_server
+    from ..server.process import serve as run_server
 
-    settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers,
+    settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers, access_log=access_log,
                              kernel_dirs=[p.resolve() for p in kernel_dir] if kernel_dir else None)  # fmt: skip
-    run_server(settings, worker_args=list(worker_arg or []), access_log=access_log)
+    run_server(settings, worker_args=list(worker_arg or []))
 
 
 @app.command()
@@ -62,7 +62,7 @@ def worker(
 ) -> None:
     """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
     from ..server.config import load_settings
-    from ..server.service import read_worker_settings, run_worker
+    from ..server.process import read_worker_settings, run_worker
     from ..server.worker import WorkerOptions
 
     if jobs < 1:
