@@ -19,6 +19,7 @@ from ..candidate import canonical_json
 from ..store import Store, open_store
 from ..store.queue import JobQueue, optuna_storage
 from ..store.registry import KernelRecord, Registry
+from ..workload import untimed_note
 from . import kernels as kernel_files
 from .config import Settings
 from .security import ADMIN, Principal, hash_token
@@ -243,7 +244,8 @@ class Services:
             source_hash = sources[0] if sources else None
         best = self.registry.best(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
-            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
+            stored = [k for _, k in self.store.find_workloads(kernel=kernel, source_hash=source_hash, problem=problem_json)]
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{untimed_note(device, stored)}"))
         trial, key = best.trial, best.key
         timing = trial.result.timing
         assert timing is not None

@@ -167,7 +167,7 @@ def _relative(best: Any, other: Any) -> float | None:
 @app.command()
 @handles_errors
 def space(
-    file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
+    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
 ) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
     import time
