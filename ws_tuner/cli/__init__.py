@@ -8,6 +8,7 @@
     ws-tune serve [--host H --port P]   the tuning service (REST API; an embedded worker on SQLite)
     ws-tune worker [--gpu N]            a worker running the service's jobs on one GPU
     ws-tune token create|list|revoke    API tokens of the service
+    ws-tune jobs list|show|watch|cancel the service's jobs (--url, --token)
 
 Bad input is one line on stderr and exit code 2; never a traceback.
 """
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 # The commands register themselves on the app as their modules load.
-from . import results, schema, service, tuning  # noqa: F401
+from . import jobs, results, schema, service, tuning  # noqa: F401
 from .common import EXIT_BAD_INPUT, app, err
 
 app.info.help = __doc__
