@@ -32,8 +32,10 @@ from .security import is_loopback
 
 ENV_PREFIX = "WS_TUNE_"
 CONFIG_ENV = "WS_TUNE_CONFIG"
-# WS_TUNE_* variables that are not settings: read by the CLI (`ws-tune jobs` the URL and token), or by the test suite.
-OTHER_VARIABLES = frozenset({CONFIG_ENV, "WS_TUNE_DEBUG", "WS_TUNE_URL", "WS_TUNE_TOKEN", "WS_TUNE_FUZZ_EXAMPLES", "WS_TUNE_SLOW", "WS_TUNE_SPACE_SAMPLES"})
+# WS_TUNE_* variables that are not settings: read by the CLI (`ws-tune jobs` its URL and
+# token), by docker/compose.yaml (the env file), or by the test suite.
+OTHER_VARIABLES = frozenset({CONFIG_ENV, "WS_TUNE_DEBUG", "WS_TUNE_URL", "WS_TUNE_TOKEN", "WS_TUNE_ENV_FILE",
+                             "WS_TUNE_FUZZ_EXAMPLES", "WS_TUNE_SLOW", "WS_TUNE_SPACE_SAMPLES"})  # fmt: skip
 TEST_PREFIX = "WS_TUNE_TEST_"
 MIB = 1024 * 1024
 MIN_TOKEN_LENGTH = 24
