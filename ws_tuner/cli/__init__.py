@@ -1,6 +1,7 @@
 """The ``ws-tune`` command line (typer + rich).
 
     ws-tune FILE --shape M=4096,N=4096,K=4096 [--budget N] [--compile-only] [--db URL] [--jobs N]
+    ws-tune new FILE                    a kernel file to start from (docs/kernel-files.md)
     ws-tune space FILE --shape ...      the axes, and the counts before and after pruning
     ws-tune best FILE --shape ...       the best stored schedule, as TileLang code and JSON
     ws-tune export FILE --shape ...     the JSON artifact of a tuning
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 # The commands register themselves on the app as their modules load.
-from . import jobs, results, schema, service, tuning  # noqa: F401
+from . import jobs, new, results, schema, service, tuning  # noqa: F401
 from .common import EXIT_BAD_INPUT, app, err
 
 app.info.help = __doc__
