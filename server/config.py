@@ -163,10 +163,11 @@ def _nearest(name: str, known: list[str]) -> str:
 
 def _check_variables(settings_cls: type[BaseSettings]) -> None:
     """Every WS_TUNE_* variable in the environment must be one ws-tune reads."""
-    known = [ENV_PREFIX + name.upper() for name in settings_cls.model_fields]
+    known = [ENV_PREFIX + name.upper() for name in settings_cls.model_fields] + sorted(OTHER_VARIABLES)
     for name in sorted(os.environ):
-        if name.upper().startswith(ENV_PREFIX) and name.upper() not in {*known, *OTHER_VARIABLES} and not name.upper().startswith(TEST_PREFIX):
-            raise ValueError(f"unknown environment variable {name}{_nearest(name.upper(), [*known, *OTHER_VARIABLES])}")
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in known and not upper.startswith(TEST_PREFIX):
+            raise ValueError(f"unknown environment variable {name}{_nearest(upper, known)}")
 
 
 def load_settings(**overrides: Any) -> Settings:

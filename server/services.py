@@ -245,7 +245,8 @@ class Services:
         best = self.registry.best(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
             stored = [k for _, k in self.store.find_workloads(kernel=kernel, source_hash=source_hash, problem=problem_json)]
-            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{untimed_note(device, stored)}"))
+            why = untimed_note(device, stored)  # e.g. only compile-only results: workers without a GPU time nothing
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{why}"))
         trial, key = best.trial, best.key
         timing = trial.result.timing
         assert timing is not None

@@ -18,7 +18,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-SEARCH = "search"  # pipeline.SEARCH, without importing the pipeline (and tilelang) to draw a bar
+from ..result import Status
+
+SEARCH = "search"  # pipeline.SEARCH, without importing the pipeline (and optuna) to draw a bar
 LOG_INTERVAL = 10.0  # seconds between plain progress lines of a long count
 
 
@@ -60,7 +62,7 @@ class TuneProgress:
         if not record.cached:
             self.stored += 1
         r = record.result
-        if r.tflops is not None and r.status.value == "ok" and (self.best is None or r.tflops > self.best):
+        if r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best):
             self.best = r.tflops
         what = f"{r.status.value:>13} {record.candidate.describe()[:70]}"
         self.bar.update(self.task, completed=min(self.searched, self.budget), description=what, best=self._best_text())
