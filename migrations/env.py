@@ -1,6 +1,6 @@
 """Alembic environment for ws-tune's schema.
 
-Driven in code by ``ws_tuner.store.repository`` (there is no alembic.ini on
+Driven in code by ``ws_tuner.store.schema`` (there is no alembic.ini on
 disk): it builds a ``Config`` whose ``script_location`` is this directory and
 passes a live connection in ``config.attributes["connection"]``, so migrations
 run inside the caller's transaction (and lock). A URL in

@@ -29,7 +29,7 @@ from typing import Any
 from .. import sandbox
 from ..store import open_store
 from ..store.registry import Registry
-from ..store.repository import mask_url
+from ..store import mask_url
 from .config import Settings, load_settings
 from .security import is_loopback
 

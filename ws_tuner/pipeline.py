@@ -249,10 +249,11 @@ class Pipeline:
         slot = self.recorder.claim()
         if slot is None:
             return False
-        if slot.candidate is not None and slot.candidate.hash in self._proposed:
-            known = self.known.get(slot.candidate.hash)
-            self.recorder.reuse(slot, known.result if known else TrialResult(slot.candidate.hash, Status.REJECTED, "measured already"))
+        if slot.candidate is not None and (done := self._result_of(slot.candidate.hash)) is not None:
+            self.recorder.reuse(slot, done)
             return True
+        # A slot whose candidate this run proposed but never recorded (its lease expired
+        # while the trial was in flight, and the queue handed it out again) is measured anew.
         proposal, exhausted = self._proposal(slot)
         if proposal is None:
             self.recorder.release(slot, exhausted=exhausted)
@@ -260,6 +261,11 @@ class Pipeline:
         self._proposed.add(proposal.candidate.hash)
         self._in_flight[self.builder.submit(self.ref.build_input(proposal.candidate))] = _Work(slot, proposal)
         return True
+
+    def _result_of(self, digest: str) -> TrialResult | None:
+        """What this run recorded for a candidate, else what the store held before it."""
+        known = self.known.get(digest)
+        return self._results.get(digest) or (known.result if known else None)
 
     def _proposal(self, slot: Slot) -> tuple[Proposal | None, bool]:
         """The slot's own candidate, else the strategy's next unseen one; (None, True) when it has none."""

@@ -25,7 +25,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
 from ws_tuner.store import SchemaOutdatedError, Store, current_revision, head_revision, upgrade
-from ws_tuner.store import repository
+from ws_tuner.store import engine as store_engine, schema
 from ws_tuner.store.models import VERSION_TABLE, Base
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -79,15 +79,15 @@ def released_database(db_url: str, revision: str) -> None:
         connection.executescript((DATA / f"{revision}.sqlite.sql").read_text())
         connection.close()
         return
-    engine = repository._create_engine(db_url)
-    repository._migrate(engine, revision)
+    engine = store_engine.make_engine(db_url)
+    schema.migrate(engine, revision)
     engine.dispose()
     seed_v0_1_0(db_url)
     optuna_study(db_url)
 
 
 def test_every_released_schema_is_known() -> None:
-    revisions = [s.revision for s in ScriptDirectory.from_config(repository.alembic_config()).walk_revisions()]
+    revisions = [s.revision for s in ScriptDirectory.from_config(schema.alembic_config()).walk_revisions()]
     assert head_revision() == "v0.3.0.a" and set(RELEASED) | {head_revision()} == set(revisions)
     assert all((DATA / f"{r}.sqlite.sql").is_file() for r in RELEASED)
 
@@ -128,7 +128,7 @@ def test_upgrade_from_released_schema(revision: str, db_url: str, open_db: Calla
     JobQueue(store).create_job(kernel_id=kernel.id, kernel="gemm", problem={}, problem_checked=False, params=None,
                                strategy="grid", seed=0, budget=1)  # fmt: skip
     store.close()
-    command.downgrade(repository.alembic_config(db_url), revision)
+    command.downgrade(schema.alembic_config(db_url), revision)
     assert current_revision(db_url) == revision and snapshot(db_url, OPTUNA_TABLES) == optuna_after
     assert ("ws_tune_jobs" in snapshot(db_url, {"ws_tune_jobs"})) == (revision >= "v0.2.0.a")
     assert snapshot(db_url, {"ws_tune_trials"})["ws_tune_trials"]

@@ -147,7 +147,7 @@ def test_a_stalled_transaction_does_not_block_the_others(pg_url: str, make_job: 
 
     frozen = JobQueue(open_db(pg_url), stalled_transaction_timeout=1.0)
     job = make_job(pg_url, budget=3)
-    connection = frozen.store._engine.connect()
+    connection = frozen.store.engine.connect()
     connection.execute(text("UPDATE ws_tune_jobs SET seed = 1 WHERE id = :j"), {"j": job.id})  # holds the job's row lock
     started = time.monotonic()
     other = JobQueue(open_db(pg_url))

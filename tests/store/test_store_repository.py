@@ -13,7 +13,7 @@ import pytest
 from ws_tuner.candidate import Lowering
 from ws_tuner.result import Status, Timing, TrialResult
 from ws_tuner.store import Store, StoredTrial, default_db_url, open_store
-from ws_tuner.store import repository
+from ws_tuner.store import engine as store_engine
 
 
 def test_commit_and_get_round_trip(store: Store, factories: Any) -> None:
@@ -183,14 +183,14 @@ def test_commit_rejects_a_result_for_another_candidate(store: Store, factories: 
 
 
 def test_open_store_resolves_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(repository.ENV_VAR, raising=False)
+    monkeypatch.delenv(store_engine.ENV_VAR, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_db_url() == f"sqlite:///{tmp_path}/home/.cache/ws-tune/ws-tune.db"
     with open_store() as store:  # default: the directory is created
         assert store.url == default_db_url()
     assert (tmp_path / "home/.cache/ws-tune/ws-tune.db").is_file()
 
-    monkeypatch.setenv(repository.ENV_VAR, str(tmp_path / "env.db"))
+    monkeypatch.setenv(store_engine.ENV_VAR, str(tmp_path / "env.db"))
     with open_store() as store:
         assert store.url == f"sqlite:///{tmp_path}/env.db"
 

@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
 from ws_tuner.store import SchemaOutdatedError, Store, StoreError, current_revision, head_revision, upgrade
-from ws_tuner.store import repository
+from ws_tuner.store import schema
 from ws_tuner.store.models import VERSION_TABLE, Base
 
 WS_TABLES = {"ws_tune_workloads", "ws_tune_candidates", "ws_tune_trials", VERSION_TABLE,
@@ -97,9 +97,9 @@ def test_outdated_schema_is_refused_until_upgraded(
 
     # A newer ws-tune: the shipped migrations plus one more revision.
     migrations = tmp_path / "migrations"
-    shutil.copytree(repository.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(schema.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
     (migrations / "versions" / "v0_2_0_test.py").write_text(NEXT_REVISION)
-    monkeypatch.setattr(repository, "MIGRATIONS_DIR", migrations)
+    monkeypatch.setattr(schema, "MIGRATIONS_DIR", migrations)
     assert head_revision() == "v9.0.0.test"
 
     with pytest.raises(SchemaOutdatedError) as info:
@@ -137,7 +137,7 @@ def test_tables_without_a_stamp_are_refused(db_url: str, open_db: Callable[[str]
 def test_downgrade_touches_only_ws_tune_tables(db_url: str, open_db: Callable[[str], Store]) -> None:
     _execute(db_url, "CREATE TABLE other_tool (id INTEGER PRIMARY KEY)", "INSERT INTO other_tool VALUES (7)")
     open_db(db_url).close()
-    command.downgrade(repository.alembic_config(db_url), "base")
+    command.downgrade(schema.alembic_config(db_url), "base")
     assert _tables(db_url) == {"other_tool", VERSION_TABLE}
     assert _execute(db_url, "SELECT id FROM other_tool")[0] == [(7,)]
     open_db(db_url)  # empty version table and no ws-tune tables: fresh again

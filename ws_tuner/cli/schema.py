@@ -19,7 +19,7 @@ from .common import (
 def db_upgrade(db: Optional[str] = DbOpt) -> None:
     """Apply the migrations up to this ws-tune's schema."""
     from ..store import resolve_db_url, upgrade
-    from ..store.repository import mask_url
+    from ..store import mask_url
 
     url = resolve_db_url(db)
     revision = upgrade(url)

@@ -100,26 +100,35 @@ class OptunaSearch(SearchStrategy):
                 if point is None:
                     break
                 self.study.enqueue_trial(self.space.decisions(point), skip_if_exists=False)
-            trial = self.study.ask()
-            point = self.space.sample(lambda name, options, trial=trial: trial.suggest_categorical(name, list(options)))
-            candidate = self.space.candidate(point)
-            if isinstance(candidate, str):  # PRUNED, not FAIL: TPE counts pruned trials among the bad ones and learns to avoid them
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                self.pruned += 1
+            try:
+                proposal = self._ask()
+            except optuna.exceptions.UpdateFinishedTrialError:
+                proposal = None  # a shared study's sweeper closed the trial while this process stalled: ask again
+            if proposal is None:
                 misses += 1
                 continue
-            if candidate.hash in self._seen:  # measured already: tell the sampler what it was
-                known = self._values.get(candidate.hash)
-                if known is None:
-                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                else:
-                    self.study.tell(trial, known)
-                misses += 1
-                continue
-            self._seen.add(candidate.hash)
             misses = 0
-            out.append(Proposal(candidate, dict(trial.params), token=trial))
+            out.append(proposal)
         return out
+
+    def _ask(self) -> Proposal | None:
+        """One trial of the study as a new candidate; None (the trial told) when pruned or seen."""
+        trial = self.study.ask()
+        point = self.space.sample(lambda name, options: trial.suggest_categorical(name, list(options)))
+        candidate = self.space.candidate(point)
+        if isinstance(candidate, str):  # PRUNED, not FAIL: TPE counts pruned trials among the bad ones and learns to avoid them
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.pruned += 1
+            return None
+        if candidate.hash in self._seen:  # measured already: tell the sampler what it was
+            known = self._values.get(candidate.hash)
+            if known is None:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(trial, known)
+            return None
+        self._seen.add(candidate.hash)
+        return Proposal(candidate, dict(trial.params), token=trial)
 
     def notify(self, proposal: Proposal, result: TrialResult) -> None:
         if proposal.token is None:

@@ -132,7 +132,7 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
             cursor.execute(f"SET statement_timeout = {int(timeouts.statement * 1000)}")
             cursor.execute(f"SET lock_timeout = {int(timeouts.lock * 1000)}")
             # Every transaction here takes milliseconds; one idle this long has lost its client
-            # (the job queue tightens this to its grace period: queue._abort_stalled_transactions).
+            # (the job queue tightens this to its grace period: engine.abort_stalled_transactions).
             cursor.execute(f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}")
         dbapi_connection.commit()
 

@@ -11,7 +11,7 @@ the canonical text is what ws-tune hashes, and PostgreSQL's JSON/JSONB would
 reorder or reformat it, so a read-back could no longer be checked against the
 stored hash. Text also reads back identically on SQLite and PostgreSQL.
 
-Only the store package (``repository.py``, ``queue.py``, ``registry.py``)
+Only the store package (its layers: see its ``__init__``)
 queries these models.
 """
 

@@ -23,8 +23,10 @@ from sqlalchemy import func, select, update
 from ..candidate import Lowering, sha256_hex
 from ..result import Status
 from ..workload import WorkloadKey
+from .engine import utc
 from .models import CandidateModel, KernelModel, TokenModel, TrialModel, WorkloadModel
-from .repository import RANK_ORDER, Store, StoredTrial, _key_of, _to_stored, _utc
+from .records import StoredTrial, stored_trial, workload_key
+from .repository import RANK_ORDER, OnStore
 
 
 @dataclass(frozen=True)
@@ -58,20 +60,19 @@ class BestRecord:
 def _kernel(row: KernelModel) -> KernelRecord:
     return KernelRecord(
         id=row.id, sha256=row.sha256, name=row.name, size_bytes=row.size_bytes, registered=bool(row.registered),
-        problem=json.loads(row.problem) if row.problem else None, created_at=_utc(row.created_at),
+        problem=json.loads(row.problem) if row.problem else None, created_at=utc(row.created_at),
     )  # fmt: skip
 
 
 def _token(row: TokenModel) -> TokenRecord:
     return TokenRecord(
         id=row.id, name=row.name, prefix=row.prefix, scopes=tuple(row.scopes.split()),
-        created_at=_utc(row.created_at), revoked_at=_utc(row.revoked_at) if row.revoked_at else None,
+        created_at=utc(row.created_at), revoked_at=utc(row.revoked_at) if row.revoked_at else None,
     )  # fmt: skip
 
 
-class Registry:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+class Registry(OnStore):
+    """Kernel sources, API tokens and best-schedule lookups."""
 
     # --- kernels ----------------------------------------------------------------
     def put_kernel(
@@ -83,7 +84,7 @@ class Registry:
         sha = sha256_hex(data)
         with self.store.session_scope() as session:
             session.execute(
-                self.store._insert(KernelModel)
+                self.sql.upsert(KernelModel)
                 .values(sha256=sha, name=name, source=source, size_bytes=len(data), registered=False)
                 .on_conflict_do_nothing(index_elements=["sha256"])
             )
@@ -208,4 +209,4 @@ class Registry:
             if row is None:
                 return None
             trial, candidate, workload = row
-            return BestRecord(trial.id, _to_stored(trial, candidate), _key_of(workload))
+            return BestRecord(trial.id, stored_trial(trial, candidate), workload_key(workload))

@@ -1,125 +1,38 @@
-"""The ws-tune store. SQL lives in the store package only: this module (results),
-``queue.py`` (the service's jobs, slots and workers) and ``registry.py``
-(kernels, API tokens, best-schedule lookups); both build on ``Store``.
+"""The store's results: workloads, candidates and trials (``Store``). The job
+queue (``queue.py``) and the service registry (``registry.py``) share its
+database.
 
 Contracts (callers rely on these):
 
 * Every method runs in its own short transaction and commits before returning,
   so a result survives the process being killed right after ``commit_trial``.
-* A ``Store`` is thread-safe: it shares one engine (a connection pool) and opens
-  a fresh session per call. Several processes may share one database: SQLite
-  in WAL mode with write transactions serialized by ``BEGIN IMMEDIATE``, or
-  PostgreSQL.
+* A ``Store`` is thread-safe and may share its database with other processes
+  (engine.py).
 * Writes are idempotent upserts keyed by (workload, candidate): N workers that
   finish N trials leave exactly N rows, whatever the interleaving.
-* Failures of the database become ``StoreError`` with a one-line message that
-  names the URL (password masked) and the cause; callers never see a raw
-  SQLAlchemy error. ``SchemaOutdatedError`` is the one a user fixes with
+* Failures of the database become one-line ``StoreError``s; callers never see a
+  raw SQLAlchemy error. ``SchemaOutdatedError`` is the one a user fixes with
   ``ws-tune db upgrade``.
-* Results come back as ``StoredTrial`` values, never ORM objects, so nothing
-  outside this module can lazily touch the database.
+* Results come back as ``StoredTrial`` values (records.py), never ORM objects.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import json
-import logging
 import os
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
-from sqlalchemy import Engine, Select, create_engine, event, func, inspect, or_, select, text
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import StaticPool
 
 from ..candidate import Candidate, canonical_json
-from ..result import Status, Timing, TrialResult
+from ..result import Status, TrialResult
 from ..workload import WorkloadKey
-from .guard import DbTimeouts, guard_postgresql, interrupt
-from .models import VERSION_TABLE, Base, CandidateModel, TrialModel, WorkloadModel
-
-_log = logging.getLogger(__name__)
-
-ENV_VAR = "WS_TUNE_DB"
-# The migrations (migrations/ in the repository) install as ws_tuner.migrations, so an
-# installed wheel can create and upgrade its own schema without a checkout or an alembic.ini.
-MIGRATIONS_DIR = Path(str(importlib.resources.files("ws_tuner.migrations")))
-SQLITE_BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's write lock
-# pg_advisory_xact_lock key ("ws_tune" in ASCII) held while migrating, so that two
-# workers opening a fresh database at once do not both create the tables.
-_MIGRATION_LOCK_KEY = 0x77735F74756E65
-
-
-class StoreError(RuntimeError):
-    """The store cannot be opened or used. The message is one line, fit for a CLI."""
-
-
-class SchemaOutdatedError(StoreError):
-    """The database's schema is older than this ws-tune's; ``ws-tune db upgrade`` fixes it."""
-
-    def __init__(self, url: str, current: str, head: str) -> None:
-        self.current, self.head = current, head
-        super().__init__(
-            f"database at {url} has schema revision {current}; this ws-tune needs {head}: "
-            f"run `ws-tune db upgrade --db {url}`"
-        )
-
-
-@dataclass(frozen=True)
-class StoredTrial:
-    """One stored outcome, detached from the database."""
-
-    candidate: Candidate
-    result: TrialResult
-    workload_id: int
-    created_at: datetime  # UTC, stamped by the database clock
-    updated_at: datetime
-
-    @property
-    def status(self) -> Status:
-        return self.result.status
-
-
-# --- URLs ---------------------------------------------------------------------
-
-
-def default_db_url() -> str:
-    """The per-user SQLite file used when neither an argument nor $WS_TUNE_DB names one."""
-    return f"sqlite:///{Path.home() / '.cache' / 'ws-tune' / 'ws-tune.db'}"
-
-
-def resolve_db_url(url: str | None = None) -> str:
-    """Explicit URL or path, else $WS_TUNE_DB, else ``default_db_url()``.
-
-    A bare file path (no ``scheme://``) means a SQLite file; it is made absolute
-    so that the URL printed in messages works from any directory.
-    """
-    url = url or os.environ.get(ENV_VAR) or default_db_url()
-    if "://" not in url:
-        url = f"sqlite:///{Path(url).expanduser().resolve()}"
-    return url
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:  # unparsable: still never echo a password
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+from .engine import ENV_VAR, Database, Sql, StoreError, resolve_db_url
+from .guard import DbTimeouts
+from .models import CandidateModel, TrialModel, WorkloadModel
+from .records import StoredTrial, dumps, stored_trial, workload_key
+from .schema import ensure_schema, stamped_revision, upgrade
 
 
 def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) -> Store:
@@ -136,228 +49,16 @@ def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) ->
     return Store(resolved, timeouts=timeouts)
 
 
-# --- Engine -------------------------------------------------------------------
-
-
-def _one_line(exc: BaseException) -> str:
-    # DBAPIError.orig is the driver's own error, without SQLAlchemy's SQL echo and
-    # "Background on this error" link; libpq messages span lines, so fold them.
-    orig = getattr(exc, "orig", None) or exc
-    return " ".join(str(orig).split()) or type(orig).__name__
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Take BEGIN away from the sqlite3 driver: it skips BEGIN before SELECTs, and
-    # we need to choose the transaction type ourselves (see _sqlite_on_begin).
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    # WAL: readers never block the writer, so a server can read leaderboards
-    # while workers commit trials to the same file.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.close()
-    # PRAGMA foreign_keys stays off (SQLite's default): Alembic's batch mode
-    # rebuilds a table by drop-and-rename, which with enforcement on would
-    # cascade-delete the trials of a rebuilt workloads table. PostgreSQL enforces.
-
-
-def _sqlite_on_begin(connection: Connection) -> None:
-    # A deferred transaction that reads and then writes fails at once with
-    # "database is locked" when another writer committed in between (the busy
-    # timeout does not apply to that upgrade). IMMEDIATE takes the write lock up
-    # front and waits up to the busy timeout for it. Read-only sessions use a
-    # plain BEGIN and never queue behind writers.
-    read_only = connection.get_execution_options().get("ws_tune_read_only", False)
-    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-
-def _create_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
-    """An engine for ``url``. With ``timeouts``, every wait of a PostgreSQL
-    connection is bounded (guard.py); without, only connecting is (migrations,
-    whose statements may take long)."""
-    try:
-        sa_url = make_url(url)
-    except ArgumentError:
-        raise StoreError(f"not a database URL or file path: {mask_url(url)}") from None
-    backend = sa_url.get_backend_name()
-    try:
-        if backend == "sqlite":
-            kwargs: dict[str, Any] = {}
-            if sa_url.database in (None, "", ":memory:"):
-                # Each connection to :memory: is a new empty database: share one (tests only).
-                kwargs["poolclass"] = StaticPool
-            engine = create_engine(
-                sa_url,
-                # Sessions hop threads (worker pools); the pool hands each connection to one at a time.
-                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
-                **kwargs,
-            )
-            event.listen(engine, "connect", _sqlite_on_connect)
-            event.listen(engine, "begin", _sqlite_on_begin)
-            return engine
-        if backend == "postgresql":
-            if sa_url.drivername == "postgresql":
-                # Plain postgresql:// means psycopg2 to SQLAlchemy; psycopg 3 is what ws-tune installs.
-                sa_url = sa_url.set(drivername="postgresql+psycopg")
-            connect_args = (timeouts or DbTimeouts()).connect_args(sa_url.query)
-            if timeouts is None:
-                # pre_ping: a connection killed by a server restart is replaced at checkout.
-                return create_engine(sa_url, pool_pre_ping=True, connect_args=connect_args)
-            # The guard checks a pooled connection at checkout, as pre_ping would, under a deadline.
-            engine = create_engine(sa_url, connect_args=connect_args)
-            guard_postgresql(engine, timeouts)
-            return engine
-    except (NoSuchModuleError, ImportError) as exc:
-        raise StoreError(f"cannot open ws-tune database at {mask_url(url)}: {_one_line(exc)}") from None
-    raise StoreError(f"unsupported database {mask_url(url)}: ws-tune stores results in SQLite or PostgreSQL")
-
-
-def _open_failure(url: str, exc: BaseException) -> StoreError:
-    message = f"cannot open ws-tune database at {mask_url(url)}: {_one_line(exc)}"
-    with suppress(ArgumentError):
-        sa_url = make_url(url)
-        if sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "", ":memory:"):
-            directory = Path(sa_url.database).resolve().parent
-            if not directory.is_dir():
-                message += f" (directory {directory} does not exist)"
-            elif not os.access(directory, os.W_OK):
-                message += f" (directory {directory} is not writable)"
-    return StoreError(message)
-
-
-# --- Schema -------------------------------------------------------------------
-
-
-def alembic_config(url: str | None = None) -> Config:
-    """An Alembic config built in code; env.py takes the URL or a connection from ``attributes``."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    if url is not None:
-        config.attributes["url"] = url
-    return config
-
-
-def head_revision() -> str:
-    """The schema revision this ws-tune writes and expects."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, f"no migrations in {MIGRATIONS_DIR}"
-    return head
-
-
-def _known_revisions() -> set[str]:
-    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
-
-
-def _schema_state(connection: Connection) -> tuple[str | None, bool]:
-    """(stamped revision, whether any ws-tune table exists)."""
-    tables = set(inspect(connection).get_table_names())
-    revision = None
-    if VERSION_TABLE in tables:
-        revision = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
-    return revision, bool(tables & set(Base.metadata.tables))
-
-
-def _migrate(engine: Engine, revision: str = "head") -> None:
-    # One transaction for all of it: the tables and the stamp appear together or
-    # not at all. Concurrent migrators serialize on a lock (SQLite: BEGIN IMMEDIATE,
-    # PostgreSQL: an advisory lock); the later one finds the schema at head.
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
-
-
-def current_revision(url: str) -> str | None:
-    """The revision stamped in the database at ``url`` (None when it has none)."""
-    engine = _create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return _schema_state(connection)[0]
-    except DBAPIError as exc:
-        raise _open_failure(url, exc) from None
-    finally:
-        engine.dispose()
-
-
-def upgrade(url: str) -> str:
-    """Apply the migrations up to head (a no-op at head); returns the new revision."""
-    engine = _create_engine(url)
-    try:
-        _migrate(engine)
-        with engine.connect() as connection:
-            revision = _schema_state(connection)[0]
-    except (DBAPIError, CommandError) as exc:
-        raise StoreError(f"cannot upgrade ws-tune database at {mask_url(url)}: {_one_line(exc)}") from None
-    finally:
-        engine.dispose()
-    assert revision is not None
-    return revision
-
-
-# --- Store --------------------------------------------------------------------
-
-
-def _dumps(data: Any) -> str:
-    # Sorted keys: equal payloads store equal text. default=str keeps odd values
-    # (numpy scalars, paths) in `info` from failing a commit over a diagnostic.
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _utc(value: datetime) -> datetime:
-    # SQLite returns naive datetimes of CURRENT_TIMESTAMP, which is UTC;
-    # PostgreSQL returns aware ones. Callers always get aware UTC.
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
-def _to_stored(trial: TrialModel, candidate: CandidateModel) -> StoredTrial:
-    timing = None
-    if trial.median_ms is not None:
-        timing = Timing(trial.median_ms, trial.p20_ms or 0.0, trial.p80_ms or 0.0, trial.reps or 0)
-    data = {
-        "lowering": candidate.lowering,
-        "params": json.loads(candidate.params),
-        "schedule": json.loads(candidate.schedule) if candidate.schedule else None,
-    }
-    result = TrialResult(
-        candidate_hash=candidate.hash,
-        status=Status(trial.status),
-        message=trial.message,
-        build_seconds=trial.build_seconds,
-        timing=timing,
-        tflops=trial.tflops,
-        info=json.loads(trial.info),
-        ratio=trial.ratio,
-        confirmed=bool(trial.confirmed),
-    )
-    return StoredTrial(
-        Candidate.from_json(data), result, trial.workload_id, _utc(trial.created_at), _utc(trial.updated_at)
-    )
-
-
-def _key_of(row: WorkloadModel) -> WorkloadKey:
-    return WorkloadKey(
-        kernel=row.kernel,
-        source_hash=row.source_hash,
-        problem=row.problem,
-        arch=row.arch,
-        device=row.device,
-        tilelang_version=row.tilelang_version,
-        cuda_version=row.cuda_version,
-        driver_version=row.driver_version,
-    )
-
-
 # Best first: confirmed in the final tournament, then the ratio to the anchor (rows
 # without one last), then time; the id breaks ties, for stable leaderboards.
 RANK_ORDER = (TrialModel.confirmed.desc(), TrialModel.ratio.is_(None), TrialModel.ratio, TrialModel.median_ms, TrialModel.id)
 
 
-def _trials() -> Select[TrialModel, CandidateModel]:
+def trials_query() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
 
-def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate: Candidate, result: TrialResult) -> StoredTrial:
+def upsert_trial(session: Session, sql: Sql, *, workload_id: int, candidate: Candidate, result: TrialResult) -> StoredTrial:
     """``Store.commit_trial``'s statements inside the caller's transaction (the job
     queue records a trial and closes its slot in one transaction)."""
     if result.candidate_hash != candidate.hash:
@@ -375,11 +76,11 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
         "tflops": result.tflops,
         "ratio": result.ratio,
         "confirmed": result.confirmed,
-        "info": _dumps(result.info),
+        "info": dumps(result.info),
     }
     # Candidates are immutable and shared across workloads: insert once, never update.
     session.execute(
-        insert(CandidateModel)
+        sql.upsert(CandidateModel)
         .values(
             hash=candidate.hash,
             lowering=data["lowering"],
@@ -391,7 +92,7 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
     candidate_id = session.scalar(select(CandidateModel.id).where(CandidateModel.hash == candidate.hash))
     # A single atomic upsert rather than read-then-write: two workers
     # committing the same trial cannot both insert.
-    stmt = insert(TrialModel).values(workload_id=workload_id, candidate_id=candidate_id, **values)
+    stmt = sql.upsert(TrialModel).values(workload_id=workload_id, candidate_id=candidate_id, **values)
     session.execute(
         stmt.on_conflict_do_update(
             index_elements=["workload_id", "candidate_id"],
@@ -401,74 +102,30 @@ def _upsert_trial(session: Session, insert: Any, *, workload_id: int, candidate:
         )
     )
     trial, cand = session.execute(
-        _trials().where(TrialModel.workload_id == workload_id, TrialModel.candidate_id == candidate_id)
+        trials_query().where(TrialModel.workload_id == workload_id, TrialModel.candidate_id == candidate_id)
     ).one()
-    return _to_stored(trial, cand)
+    return stored_trial(trial, cand)
 
 
-class Store:
+class Store(Database):
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
     def __init__(self, url: str, *, timeouts: DbTimeouts | None = None) -> None:
-        self.url = url
-        self.display_url = mask_url(url)  # for messages: never shows a password
-        self.timeouts = timeouts or DbTimeouts()
-        self._engine = _create_engine(url, self.timeouts)
-        self._read_engine = self._engine.execution_options(ws_tune_read_only=True)
+        super().__init__(url, timeouts=timeouts)
         try:
-            self._check_schema()
+            ensure_schema(self)
         except BaseException:
-            self._engine.dispose()
+            self.close()
             raise
-
-    def _check_schema(self) -> None:
-        # Connect eagerly: a wrong URL fails here, once, with a clear message,
-        # rather than in the middle of a tuning run.
-        try:
-            with self._engine.connect() as connection:
-                revision, has_tables = _schema_state(connection)
-        except DBAPIError as exc:
-            raise _open_failure(self.url, exc) from None
-        head = head_revision()
-        if revision is None and not has_tables:
-            # Fresh for ws-tune (other tools' tables may be there): create the schema.
-            try:
-                _migrate(self._engine)
-            except (DBAPIError, CommandError) as exc:
-                raise StoreError(f"cannot create the ws-tune schema at {self.display_url}: {_one_line(exc)}") from None
-            _log.info("created ws-tune schema %s at %s", head, self.display_url)
-        elif revision is None:
-            raise StoreError(
-                f"database at {self.display_url} has ws-tune tables but no revision in {VERSION_TABLE}; "
-                "it was not created by ws-tune's migrations"
-            )
-        elif revision != head:
-            if revision in _known_revisions():
-                raise SchemaOutdatedError(self.display_url, revision, head)
-            raise StoreError(
-                f"database at {self.display_url} has schema revision {revision}, unknown to this ws-tune "
-                f"(head {head}): it was written by a newer ws-tune; upgrade ws-tune to use it"
-            )
 
     @classmethod
     def upgrade(cls, url: str) -> str:
         """Apply the migrations up to head; returns the new revision."""
         return upgrade(url)
 
-    def close(self) -> None:
-        self._engine.dispose()
-
     def schema_revision(self) -> str | None:
         """The revision stamped in this store's database (readiness probes)."""
-        try:
-            with self._engine.connect() as connection:
-                return _schema_state(connection)[0]
-        except DBAPIError as exc:
-            raise StoreError(f"ws-tune database at {self.display_url}: {_one_line(exc)}") from None
-
-    def interrupt(self) -> int:
-        """Make every call now waiting on the database fail at once (see guard.py)."""
-        return interrupt(self._engine)
+        return stamped_revision(self)
 
     def __enter__(self) -> Store:
         return self
@@ -478,45 +135,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.display_url!r})"
-
-    @contextmanager
-    def session_scope(self, *, read_only: bool = False, ignore_integrity_error: bool = False) -> Iterator[Session]:
-        """A session in one transaction: commit on success, roll back on error.
-
-        ``ignore_integrity_error`` is for inserts that may lose a race: the loser's
-        transaction is rolled back silently and the caller re-reads (the rest of
-        the ``with`` body is skipped). Driver errors become ``StoreError``.
-        """
-        session = Session(self._read_engine if read_only else self._engine, expire_on_commit=False)
-        try:
-            yield session
-            session.commit()
-        except IntegrityError as exc:
-            with suppress(DBAPIError):
-                session.rollback()
-            if not ignore_integrity_error:
-                raise StoreError(f"ws-tune database at {self.display_url}: {_one_line(exc)}") from None
-            _log.debug("ignored a lost insert race: %s", _one_line(exc))
-        except DBAPIError as exc:
-            with suppress(DBAPIError):
-                session.rollback()
-            raise StoreError(f"ws-tune database at {self.display_url}: {_one_line(exc)}") from None
-        except BaseException:
-            with suppress(DBAPIError):
-                session.rollback()
-            raise
-        finally:
-            session.close()
-
-    def _insert(self, model: type[Base]) -> Any:
-        # ON CONFLICT has the same shape on both dialects but lives in each one's insert().
-        insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
-        return insert(model)
-
-    @property
-    def dialect(self) -> str:
-        """"postgresql" or "sqlite"."""
-        return self._engine.dialect.name
 
     # --- workloads ------------------------------------------------------------
 
@@ -558,7 +176,7 @@ class Store:
         if device is not None:
             query = query.where(WorkloadModel.device == device)
         with self.session_scope(read_only=True) as session:
-            return [(row.id, _key_of(row)) for row in session.scalars(query)]
+            return [(row.id, workload_key(row)) for row in session.scalars(query)]
 
     # --- trials ---------------------------------------------------------------
 
@@ -571,19 +189,19 @@ class Store:
         Returns what is stored afterwards.
         """
         with self.session_scope() as session:
-            return _upsert_trial(session, self._insert, workload_id=workload_id, candidate=candidate, result=result)
+            return upsert_trial(session, self.sql, workload_id=workload_id, candidate=candidate, result=result)
 
     def get_trial(self, *, workload_id: int, candidate_hash: str) -> StoredTrial | None:
-        query = _trials().where(TrialModel.workload_id == workload_id, CandidateModel.hash == candidate_hash)
+        query = trials_query().where(TrialModel.workload_id == workload_id, CandidateModel.hash == candidate_hash)
         with self.session_scope(read_only=True) as session:
             row = session.execute(query).first()
-            return _to_stored(*row) if row else None
+            return stored_trial(*row) if row else None
 
     def trials_by_hash(self, *, workload_id: int) -> dict[str, StoredTrial]:
         """Every stored outcome of the workload by candidate hash (what a resumed run skips)."""
         with self.session_scope(read_only=True) as session:
-            rows = session.execute(_trials().where(TrialModel.workload_id == workload_id).order_by(TrialModel.id))
-            return {cand.hash: _to_stored(trial, cand) for trial, cand in rows}
+            rows = session.execute(trials_query().where(TrialModel.workload_id == workload_id).order_by(TrialModel.id))
+            return {cand.hash: stored_trial(trial, cand) for trial, cand in rows}
 
     def _fastest(self, query: Select[TrialModel, CandidateModel], k: int) -> list[StoredTrial]:
         if k <= 0:
@@ -594,15 +212,15 @@ class Store:
             .limit(k)
         )
         with self.session_scope(read_only=True) as session:
-            return [_to_stored(trial, cand) for trial, cand in session.execute(query)]
+            return [stored_trial(trial, cand) for trial, cand in session.execute(query)]
 
     def top_k(self, *, workload_id: int, k: int = 10) -> list[StoredTrial]:
         """The ``k`` fastest correct (OK) trials of the workload, fastest first."""
-        return self._fastest(_trials().where(TrialModel.workload_id == workload_id), k)
+        return self._fastest(trials_query().where(TrialModel.workload_id == workload_id), k)
 
     def best(self, *, key: WorkloadKey) -> StoredTrial | None:
         """The fastest correct trial of ``key``'s workload; None if it has none (or no workload)."""
-        query = _trials().join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
+        query = trials_query().join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
         found = self._fastest(query.where(WorkloadModel.key_hash == key.hash), 1)
         return found[0] if found else None
 
@@ -615,3 +233,10 @@ class Store:
         )
         with self.session_scope(read_only=True) as session:
             return {status: count for status, count in session.execute(query)}
+
+
+class OnStore:
+    """A layer of SQL over a store's database (the job queue's parts, the registry)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.sql = store, store.sql

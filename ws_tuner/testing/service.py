@@ -24,7 +24,7 @@ from ..builder import Builder, BuildInput, BuildResult
 from ..candidate import Candidate, Lowering
 from ..result import Status
 from ..runner import EvaluatorConfig, Runner
-from ..server.worker import JobEngine, Stages, WorkerOptions
+from ..server.stages import JobEngine, Stages, WorkerOptions
 from ..store.queue import JobRecord
 from ..workload import Environment
 from . import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder

@@ -14,7 +14,7 @@ import argparse
 
 from ..server.config import load_settings
 from ..server.service import run_worker
-from ..server.worker import WorkerOptions
+from ..server.stages import WorkerOptions
 from .service import test_stages
 
 
