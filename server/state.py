@@ -23,6 +23,7 @@ from ..store import Store, open_store
 from ..store.queue import JobQueue, optuna_storage
 from ..store.registry import KernelRecord, Registry
 from ..store.repository import StoredBest
+from ..workload import untimed_note
 from . import kernels as kernel_files
 from .config import Settings
 from .schemas import BestPublic
@@ -280,7 +281,9 @@ class Services:
             source_hash = sources[0] if sources else None
         best = self.store.best_stored(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
-            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
+            stored = [k for _, k in self.store.find_workloads(kernel=kernel, source_hash=source_hash, problem=problem_json)]
+            why = untimed_note(device, stored)  # e.g. only compile-only results: workers without a GPU time nothing
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{why}"))
         # The ETag names the stored row's version: it changes when a faster trial
         # wins or this one is re-measured, whichever server process answers.
         tag = hashlib.sha256(f"{best.trial_id}:{best.updated_at.isoformat()}:{best.candidate_hash}".encode()).hexdigest()[:32]

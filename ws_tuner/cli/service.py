@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from pathlib import Path
 from typing import Optional
@@ -41,7 +43,25 @@ def serve(
 
     settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers, access_log=access_log,
                              kernel_dirs=[p.resolve() for p in kernel_dir] if kernel_dir else None)  # fmt: skip
+    check_port(settings.host, settings.port)
     run_server(settings, worker_args=list(worker_arg or []))
+
+
+def check_port(host: str, port: int) -> None:
+    """A port another process holds is one line and exit 2, before anything starts
+    (uvicorn would log six lines and exit 3 after the workers were up)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise _fail(f"cannot listen on {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = "is in use by another process (choose another with --port)" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
+            raise _fail(f"port {port} on {host} {why}") from None
 
 
 @app.command()
