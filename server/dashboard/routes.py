@@ -15,7 +15,7 @@ from ...workload import WorkloadKey
 from ..deps import ServicesDep
 from ..kernels import NAME_PATTERN
 from ..schemas import READ_ERRORS, Digits, errors
-from ..services import Services
+from ..state import Services
 from .board import board
 from .schemas import DiffLine, LeaderboardRow, TrialPoint, WorkloadPublic, WorkloadsPublic, WorkloadSummary
 

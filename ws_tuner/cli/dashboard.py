@@ -20,9 +20,9 @@ def dashboard(
     schedules, job progress (http://HOST:PORT/dashboard; it needs no internet)."""
     from ..server.config import load_settings
     from ..server.dashboard import PAGE
-    from ..server.service import serve as run_server
+    from ..server.process import serve as run_server
 
     # The service's app with no workers: the dashboard reads what tunings and jobs stored.
     settings = load_settings(host=host, port=port, db=db, workers=0, http_workers=1)
     err.print(f"dashboard at http://{settings.host}:{settings.port}{PAGE} (Ctrl-C stops it)")
-    run_server(settings, access_log=False)
+    run_server(settings)
