@@ -64,7 +64,7 @@ def test_the_server_runs_without_torch_and_tilelang(tmp_path: Path) -> None:
 
 
 def test_importing_the_server_app_loads_no_kernel_stack() -> None:
-    code = "import sys, ws_tuner.cli, ws_tuner.server.main, ws_tuner.server.service; " \
+    code = "import sys, ws_tuner.cli, ws_tuner.server.main, ws_tuner.server.process; " \
            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tilelang', 'tvm')))"  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
