@@ -161,7 +161,7 @@ def table(rows: list[Audit]) -> str:
         pruned = sum(a.sample_pruned.values())
         by = ", ".join(f"{k} {n}" for k, n in sorted(a.sample_pruned.items(), key=lambda kv: -kv[1]))
         built = f"{a.built}/{a.built + len(a.compile_failed)}"
-        lines.append(f"{a.kernel:<24}{a.total:>10}{a.kept:>10}{str(a.seed_point_is_seed):>10}{a.sampled:>8}{pruned:>8}{a.survivors:>6}{a.distinct:>9}{len(a.rejected):>9}{built:>7}  {by}")
+        lines.append(f"{a.kernel:<24}{a.total:>10}{a.kept:>10}{a.seed_point_is_seed!s:>10}{a.sampled:>8}{pruned:>8}{a.survivors:>6}{a.distinct:>9}{len(a.rejected):>9}{built:>7}  {by}")
     return "\n".join(lines)
 
 

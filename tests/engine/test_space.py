@@ -20,7 +20,8 @@ from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig, register_reason
+from ws_tuner.rules import mma_reason, register_reason
+from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,10 +130,10 @@ def test_every_rule_names_its_reason(space, gemm_spec):
     assert space.candidate(Point(GEMM_PARAMS, two_wg, MERGED, (3,), (), (256, 40))).startswith("nreg:")
     assert space.candidate(Point(GEMM_PARAMS, "2xWG+warpgroup@last", MERGED, (3,), (), (240, 56))).startswith("registers:")
     assert space.candidate(Point(GEMM_PARAMS, two_wg, SEPARATE, (1, 3), (0, 1), (232, 40))).startswith("deadlock:")
-    assert space.candidate(Point(GEMM_PARAMS, "3xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("kernel:")
+    assert space.candidate(Point(GEMM_PARAMS, "3xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("mma:")  # 12 warps, 128x256
     assert space.candidate(Point(GEMM_PARAMS, "9xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("point:")
     odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
-    assert "not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
+    assert "kernel: M=4000 is not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
         Point(odd, two_wg, MERGED, (3,), (), (232, 40))
     )
 
@@ -148,6 +149,26 @@ def test_register_rules_on_hand_written_schedules():
     # The pool is per warpgroup of 128 threads: three consumer warpgroups at 152 and a producer one at 40 fit; at 160 they do not.
     assert register_reason(sched(Role("c", 0, 12, 152), Role("p", 12, 13, 40), warps=16)) is None
     assert "66560" in register_reason(sched(Role("c", 0, 12, 160), Role("p", 12, 13, 40), warps=16))
+
+
+def test_mma_rule_on_hand_written_roles():
+    tiles = {"c": frozenset({(128, 128)})}
+    assert mma_reason([Role("c", 0, 8)], tiles) is None  # 4 x 2 warps of 32 x 64
+    assert "12 warps cannot split its 128x128" in mma_reason([Role("c", 0, 12)], tiles)  # 4 x 3: 128 / 24 columns; 12 x 1: 128 / 192 rows
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(192, 256)})}) is None  # 12 x 1 warps of 16 x 256
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(32, 128)})}) is None  # under 64 rows: not a warpgroup MMA
+    assert mma_reason([Role("p", 0, 1)], tiles) is None  # a role without MMAs
+
+
+def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
+    """chain_gemm has no check(): only the space knows that 12 warps cannot split its 128x128 tile."""
+    space = seeds["chain_gemm.py"].space()
+    params = (("block_K", 64), ("block_M", 128), ("block_N", 128))
+    shape = space.shape(params)
+    assert shape.analysis.mma_tiles["Worker"] == {(128, 128)}
+    assert space.split_reason(params, shape, "3xWG+warp@last").startswith("mma:")
+    assert space.split_reason(params, shape, "2xWG+warp@last") is None
+    assert "mma" in space.count().pruned
 
 
 def test_threads_rule(gemm_spec):
