@@ -57,18 +57,13 @@ def test_sampled_candidates_are_pruned_with_a_reason_or_verified(path):
 @pytest.mark.slow
 def test_sampled_candidates_build_with_nvcc(tmp_path, monkeypatch):
     """One verified non-seed candidate of each kernel file, lowered and compiled for
-    sm_90a. A file with a check() gets only candidates that build; one without may
-    get a warp split its MMA tile cannot take (the space does not know tile shapes):
-    a COMPILE_ERROR with nvcc's or tilelang's one-line reason, never a crash."""
+    sm_90a: the static rules (the MMA split among them: plain kernels have no
+    check()) leave nothing that nvcc or tilelang's lowering refuses."""
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # compiles are real
     for path in FILES:
-        task = audit_script.task_for(path)
-        row = audit_script.audit(task, samples=0, survivors=6, compile_n=1, jobs=2, seed=2)
+        row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2)
         print(f"{path.name}: built {row.built}, failed {row.compile_failed}")
-        assert row.built + len(row.compile_failed) == 1
-        if hasattr(task.spec.module, "check"):
-            assert row.built == 1, (path.name, row.compile_failed)
-        assert all(": compile_error: " in m and "\n" not in m for m in row.compile_failed), row.compile_failed
+        assert row.built == 1 and row.compile_failed == [], (path.name, row.compile_failed)
 
 
 def _record(role: str, status: Status, n: int, cached: bool = False) -> list[TrialRecord]:
