@@ -1,19 +1,22 @@
-# ws-tune API server (no GPU, no CUDA): the REST API over the shared PostgreSQL.
+# ws-tune API server (no GPU, no CUDA, no torch, no tilelang): the REST API over the shared PostgreSQL.
 #   docker build -f docker/server.Dockerfile -t ws-tune-server .
-# The server stores kernel sources but never imports them, so it needs neither
-# CUDA nor a GPU; torch comes as the CPU wheel only because the package depends on it.
+# The server stores kernel sources but never imports them (tests/server/test_server_image.py
+# runs it where importing torch or tilelang fails), so it installs every runtime dependency
+# of pyproject.toml but those two, at the versions CI tests (constraints.txt), then ws-tune itself.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN useradd --create-home --uid 10001 wstune
 WORKDIR /opt/ws-tune
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml constraints.txt README.md ./
+RUN python3 -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+print('\n'.join(d for d in deps if re.match(r'[A-Za-z0-9_.-]+', d)[0] not in ('torch', 'tilelang')))" > /tmp/server-requirements.txt \
+ && pip install -c constraints.txt -r /tmp/server-requirements.txt
 COPY ws_tuner ./ws_tuner
 COPY server ./server
 COPY migrations ./migrations
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" \
- && pip install .
+RUN pip install --no-deps .
 COPY examples /opt/ws-tune/kernels
 COPY docker/prestart.sh /usr/local/bin/ws-tune-prestart
 RUN chmod 0755 /usr/local/bin/ws-tune-prestart

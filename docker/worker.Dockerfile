@@ -13,12 +13,13 @@ RUN apt-get update \
 RUN useradd --create-home --uid 10001 wstune
 WORKDIR /opt/ws-tune
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml constraints.txt README.md ./
 COPY ws_tuner ./ws_tuner
 COPY server ./server
 COPY migrations ./migrations
+# torch's CUDA build first (constraints.txt pins its version), then the tested set.
 RUN pip install --index-url https://download.pytorch.org/whl/cu128 "torch==2.13.0" \
- && pip install .
+ && pip install -c constraints.txt .
 
 USER wstune
 ENV WS_TUNE_KERNEL_CACHE_DIR=/home/wstune/.cache/ws-tune/kernels

@@ -3,11 +3,14 @@
 Every field can be set from the environment with the ``WS_TUNE_`` prefix
 (``WS_TUNE_DB``, ``WS_TUNE_HEARTBEAT_INTERVAL``, ...) or from a TOML file named
 by ``WS_TUNE_CONFIG`` (see ``configs/service.toml``). ``kernel_dirs`` takes a
-comma-separated list in the environment.
+comma-separated list in the environment. A name this file does not know, in
+the TOML file or as a ``WS_TUNE_*`` variable, is an error naming the nearest
+setting: a typo must not silently leave a default in force.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import string
@@ -23,10 +26,17 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ..database_url import check_db_url
 from ..store.guard import DbTimeouts
 from .security import is_loopback
 
+ENV_PREFIX = "WS_TUNE_"
 CONFIG_ENV = "WS_TUNE_CONFIG"
+# WS_TUNE_* variables that are not settings: read by the CLI (`ws-tune jobs` its URL and
+# token), by docker/compose.yaml (the env file), or by the test suite.
+OTHER_VARIABLES = frozenset({CONFIG_ENV, "WS_TUNE_DEBUG", "WS_TUNE_URL", "WS_TUNE_TOKEN", "WS_TUNE_ENV_FILE",
+                             "WS_TUNE_FUZZ_EXAMPLES", "WS_TUNE_SLOW", "WS_TUNE_SPACE_SAMPLES"})  # fmt: skip
+TEST_PREFIX = "WS_TUNE_TEST_"
 MIB = 1024 * 1024
 MIN_TOKEN_LENGTH = 24
 MIN_TOKEN_BITS = 100  # as estimated by token_bits(); secrets.token_urlsafe(32) scores about 240
@@ -46,7 +56,7 @@ def token_bits(secret: str) -> float:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="WS_TUNE_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # --- where results live --------------------------------------------------
     db: str | None = Field(None, description="Database URL or SQLite path; None: ~/.cache/ws-tune/ws-tune.db")
@@ -76,6 +86,10 @@ class Settings(BaseSettings):
     best_cache_ttl: float = Field(1.0, ge=0, description="seconds a best-schedule answer is served from memory")
     auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
     log_level: str = "info"
+    access_log: bool = Field(False, description="log every request (uvicorn's access log; about a quarter more CPU per request)")
+    threads: int = Field(
+        40, ge=1, le=1000, description="threads that run blocking route code; the database pool holds as many connections"
+    )
 
     db_timeout: float = Field(
         15.0, gt=0, le=600, description="seconds one database call may take (statements, locks, a silent connection)"
@@ -88,6 +102,11 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(600.0, ge=0, description="on SIGTERM, seconds to finish the candidates in flight")
     poll_interval: float = Field(1.0, gt=0, description="seconds between looks for work when idle")
     kernel_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "ws-tune" / "kernels")
+
+    @field_validator("db")
+    @classmethod
+    def _check_db(cls, value: str | None) -> str | None:
+        return check_db_url(value, "db") if value else None
 
     @field_validator("kernel_dirs", mode="before")
     @classmethod
@@ -131,6 +150,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        _check_variables(settings_cls)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
         config = os.environ.get(CONFIG_ENV)
         if config:
@@ -138,6 +158,20 @@ class Settings(BaseSettings):
                 raise ValueError(f"{CONFIG_ENV}={config}: no such file")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
         return (*sources, file_secret_settings)
+
+
+def _nearest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _check_variables(settings_cls: type[BaseSettings]) -> None:
+    """Every WS_TUNE_* variable in the environment must be one ws-tune reads."""
+    known = [ENV_PREFIX + name.upper() for name in settings_cls.model_fields] + sorted(OTHER_VARIABLES)
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in known and not upper.startswith(TEST_PREFIX):
+            raise ValueError(f"unknown environment variable {name}{_nearest(upper, known)}")
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -149,6 +183,10 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
+        if first.get("type") == "extra_forbidden":
+            name = ".".join(str(p) for p in first.get("loc", ()))
+            source = f" in {os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else ""
+            raise ValueError(f"unknown setting {name!r}{source}{_nearest(name, list(Settings.model_fields))}") from None
         where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         raise ValueError(f"invalid setting {where}: {message}") from None

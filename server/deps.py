@@ -7,15 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from .kernels import CheckerBusy
 from .security import JOBS_WRITE, KERNELS_UPLOAD, READ, Principal
-from .services import Services
+from .state import Services
 
 _bearer = HTTPBearer(auto_error=False, description="An API token from `ws-tune token create`")
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:  # async: no thread hop
     return request.app.state.services
 
 
@@ -33,10 +34,12 @@ class RequireScope:
     def __init__(self, scope: str) -> None:
         self.scope = scope
 
-    def __call__(self, services: ServicesDep, credentials: CredentialsDep) -> Principal:
+    async def __call__(self, services: ServicesDep, credentials: CredentialsDep) -> Principal:
         if credentials is None or not credentials.credentials:
             raise _unauthorized("missing bearer token (Authorization: Bearer <token>)")
-        principal = services.authenticate(credentials.credentials)
+        # A token checked within the cache's time to live needs no thread; the check itself may query.
+        token = credentials.credentials
+        principal = services.known_principal(token) or await run_in_threadpool(services.authenticate, token)
         if principal is None:
             raise _unauthorized("invalid or revoked token")
         if self.scope != READ and not principal.allows(self.scope):
@@ -59,7 +62,7 @@ def check_upload(services: Services, source: str, name: str) -> None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "2"}) from None
 
 
-def known_query_only(request: Request) -> None:
+async def known_query_only(request: Request) -> None:  # async: no thread hop for a check that never blocks
     """Refuse query parameters the route does not take, and any given twice (422):
     a misspelt filter must not silently widen a listing, nor ``?limit=5&limit=500``
     mean whichever one the framework happens to keep."""

@@ -16,6 +16,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -28,7 +29,7 @@ from .api.main import API_PREFIX, api_router
 from .config import Settings
 from .middleware import BestLookupFastPath, BodySizeLimit
 from .schemas import EVERY_ROUTE
-from .services import Services
+from .state import Services
 
 _log = logging.getLogger("ws_tuner.server")
 
@@ -85,6 +86,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The threads that run blocking route code (and the store's pool is as large).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         sweeper = _Sweeper(services)
         sweeper.start()
         try:
@@ -148,6 +151,6 @@ def _no_null_parameters(spec: dict[str, Any]) -> None:
 
 def app_from_env() -> Any:
     """The factory uvicorn's worker processes call (``--factory``)."""
-    from .service import seal
+    from .process import seal
 
     return create_app(seal(Settings()))

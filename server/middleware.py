@@ -7,6 +7,8 @@ import json
 import time
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 Scope = dict[str, Any]
 
 
@@ -82,20 +84,41 @@ class BestLookupFastPath:
     """Serve a repeated ``GET /api/v1/best?...`` straight from the answer cache,
     keyed by the raw query string, before routing and parameter validation.
 
-    Only answers the full route already produced (validated, looked up, turned
-    into JSON bytes with an ETag) are served here, within their time to live;
-    a miss falls through to the route. Off when reads need a token."""
+    Only query strings the full route already answered (validated, looked up,
+    turned into JSON bytes with an ETag) are served here: from memory within
+    the answer's time to live, else looked up again by the key the route
+    resolved; any other falls through to the route. When reads need a token,
+    only a request whose bearer token was checked within the token cache's
+    time to live is served here (no query); any other falls through, to be
+    checked by the route."""
 
     def __init__(self, app: Any, services: Any, path: str) -> None:
         self.app, self.services, self.path = app, services, path
+        self.need_token = services.settings.reads_need_token
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
-            answer = self.services.fast_answer(scope["query_string"])
-            if answer is not None:
-                await _send_answer(send, answer, dict(scope["headers"]).get(b"if-none-match"))
-                return
+            headers = dict(scope["headers"])
+            if not self.need_token or self.services.known_principal(bearer_token(headers.get(b"authorization"))):
+                query = scope["query_string"]
+                answer = self.services.fast_answer(query)
+                key = self.services.known_query(query) if answer is None else None
+                if key is not None:
+                    # A query string the route validated before, its answer not in memory (expired,
+                    # or the cache is off): looked up again here, without routing and validation.
+                    answer = await run_in_threadpool(self.services.best_answer, *key)
+                if answer is not None:
+                    await _send_answer(send, answer, headers.get(b"if-none-match"))
+                    return
         await self.app(scope, receive, send)
+
+
+def bearer_token(authorization: bytes | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme in any case)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:

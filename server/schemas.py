@@ -118,15 +118,22 @@ class JobCreate(_Strict):
     device: text(1, 256) | None = Field(None, description="Only workers on this device may run it")  # type: ignore[valid-type]
 
 
-class JobProgress(BaseModel):
-    budget: int
-    claimed: int
+class SlotCounts(BaseModel):
     queued: int
     running: int
     done: int
     failed: int
     cancelled: int
+
+
+class JobProgress(SlotCounts):
+    """Search trials against the budget; the baselines and warm starts, measured on
+    top of it, are counted apart (so ``done`` never exceeds ``budget``)."""
+
+    budget: int
+    claimed: int
     fraction: float = Field(description="finished search trials / budget")
+    baselines: SlotCounts = Field(description="baseline and warm-start trials (not in the budget)")
 
 
 class JobBest(BaseModel):
@@ -163,18 +170,35 @@ class JobsPublic(BaseModel):
     count: int
 
 
+class TrialTiming(BaseModel):
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+
+
 class JobTrialPublic(BaseModel):
+    """One trial of a job: its slot, and once a candidate is chosen what it was
+    (lowering, kernel parameters, schedule) and how it fared (status, timing)."""
+
     id: int
-    slot: int | None
-    kind: str
+    slot: int | None = Field(description="search slot number; None for a baseline or warm start")
+    kind: str = Field(description="search, baseline or warm")
     state: str
     attempts: int
     worker_id: str | None
     candidate_hash: str | None
-    status: str | None
+    lowering: str | None = Field(None, description="ws (a T.WSSchedule), default or role_based (tilelang's own lowerings), reference")
+    params: dict[str, Any] | None = Field(None, description="the kernel parameters")
+    schedule: dict[str, Any] | None = Field(None, description="the T.WSSchedule as JSON (None for tilelang's own lowerings)")
+    status: str | None = Field(description="built, ok, wrong, rejected, compile_error, timeout, crash, ...")
     message: str | None
     median_ms: float | None
     tflops: float | None
+    timing: TrialTiming | None = Field(None, description="the steady-state timing (None until timed, or compile-only)")
+    ratio: float | None = Field(None, description="time / the anchor's time, measured side by side")
+    confirmed: bool | None = Field(None, description="re-timed in the final tournament")
+    build_seconds: float | None = None
     created_at: datetime
     finished_at: datetime | None
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import abc
 import os
+import signal
 import time
-from concurrent.futures import Future
+from contextlib import suppress
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,28 +117,40 @@ class LocalBuilder(Builder):
         inner = self._pool.schedule(build_one, args=(build_input,), timeout=self.timeout)
         outer: Future[BuildResult] = Future()
 
-        def finish(fut: Future) -> None:
+        def outcome(fut: Future) -> BuildResult:
             elapsed = time.perf_counter() - started
             try:
-                outer.set_result(fut.result())
+                return fut.result()
             except TimeoutError:
-                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_TIMEOUT, f"compile exceeded {self.timeout:g} s; worker killed", elapsed))
+                return BuildResult(build_input.candidate, Status.COMPILE_TIMEOUT, f"compile exceeded {self.timeout:g} s; worker killed", elapsed)
             except ProcessExpired as exc:
-                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"compiler process died (exit code {exc.exitcode})", elapsed))
+                return BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"compiler process died (exit code {exc.exitcode})", elapsed)
             except Exception as exc:  # noqa: BLE001 - anything the worker raised becomes data
-                outer.set_result(BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"{type(exc).__name__}: {exc}".splitlines()[0], elapsed))
+                return BuildResult(build_input.candidate, Status.COMPILE_ERROR, f"{type(exc).__name__}: {exc}".splitlines()[0], elapsed)
+
+        def finish(fut: Future) -> None:
+            result = outcome(fut)
+            with suppress(InvalidStateError):  # abandoned (an interrupted tuning): nobody waits for it
+                outer.set_result(result)
 
         inner.add_done_callback(finish)
         return outer
 
     def close(self) -> None:
         self._pool.close()
-        self._pool.join(timeout=5)
+        try:
+            self._pool.join(timeout=5)
+        except TimeoutError:  # a compile still running (an interrupted tuning): nobody waits for it
+            pass
         self._pool.stop()
+        self._pool.join()
 
 
 def _init_worker(threads: int) -> None:
     """Share the cores among the workers: TVM's pool would take all of them in each."""
+    # A terminal's Ctrl-C reaches the whole process group: the parent decides what
+    # stops (it stops the pool); a worker dying mid-message would only add tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 

@@ -9,12 +9,14 @@ stored, so production code always gets a kernel.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 from .candidate import Candidate, Lowering
 from .kernel import KernelSpec, load_kernel
-from .store import Store, StoredTrial, open_store
+from .store import Store, StoredTrial, open_store, resolve_db_url
 from .task import Task
 from .workload import Environment, WorkloadKey
 
@@ -48,17 +50,50 @@ def best_trial(
     """The fastest correct stored result that tilelang can compile (a WS schedule
     or one of tilelang's own lowerings, not the vendor reference), or None."""
     task = _task(kernel, problem)
-    store = db if isinstance(db, Store) else open_store(db)
-    found = fastest_compilable(store, workload_key(task, env=env))
+    found = fastest_compilable(store_for(db), workload_key(task, env=env))
     return found[0] if found else None
+
+
+_stores: dict[str, Store] = {}
+_stores_lock = threading.Lock()
+
+
+def store_for(db: str | Store | None) -> Store:
+    """``db`` itself if a Store, else this process's one Store of the URL (opened on
+    first use, kept open: opening a store per lookup costs more than the lookup)."""
+    if isinstance(db, Store):
+        return db
+    url = resolve_db_url(db)
+    with _stores_lock:
+        store = _stores.get(url)
+        if store is None:
+            store = _stores[url] = open_store(db)
+        return store
 
 
 def fastest_compilable(store: Store, key: WorkloadKey, k: int = 1) -> list[StoredTrial]:
     """The ``k`` fastest stored trials of ``key`` that compile to a tilelang kernel."""
-    workload = next((wid for wid, wkey in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash) if wkey == key), None)
+    workload = _workload_of(store, key)
     # One reference per workload at most, so k + 1 rows always hold k others.
     top = store.top_k(workload_id=workload, k=k + 1) if workload is not None else []
     found = [t for t in top if t.candidate.lowering is not Lowering.REFERENCE][:k]
+    return found
+
+
+# A workload's id never changes once it exists (workloads are never deleted): remembered
+# per store, it saves a query per lookup. One not stored yet is asked for again.
+_workload_ids: weakref.WeakKeyDictionary[Store, dict[WorkloadKey, int]] = weakref.WeakKeyDictionary()
+
+
+def _workload_of(store: Store, key: WorkloadKey) -> int | None:
+    with _stores_lock:
+        known = _workload_ids.setdefault(store, {})
+    found = known.get(key)
+    if found is None:
+        candidates = store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+        found = next((wid for wid, wkey in candidates if wkey == key), None)
+        if found is not None:
+            known[key] = found
     return found
 
 

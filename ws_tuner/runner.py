@@ -14,7 +14,6 @@ import os
 import tempfile
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 

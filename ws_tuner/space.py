@@ -119,11 +119,14 @@ class ScheduleSpace:
             for label, nregs in survivors:
                 yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved), shape
 
-    def count(self) -> SpaceCount:
-        """Sizes before and after pruning; register budgets are counted, not enumerated."""
+    def count(self, tick: Callable[[int, int], None] | None = None) -> SpaceCount:
+        """Sizes before and after pruning; register budgets are counted, not enumerated.
+        ``tick(total, kept)`` hears the running counts (a count can take a minute)."""
         count = SpaceCount()
         for *_, survivors in self._structures(count):
             count.kept += len(survivors)
+            if tick is not None:
+                tick(count.total, count.kept)
         return count
 
     def _structures(self, count: SpaceCount) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:

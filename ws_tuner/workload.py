@@ -43,3 +43,16 @@ class WorkloadKey:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def untimed_note(asked: str, stored: list[WorkloadKey]) -> str:
+    """Why a lookup on device ``asked`` found no timing, given the workloads stored
+    for the same kernel source and problem: a compile-only tuning times nothing,
+    and another device's results are one device name away ("" when neither applies)."""
+    devices = sorted({k.device for k in stored} - {asked})
+    notes = []
+    if COMPILE_ONLY_DEVICE in devices or asked == COMPILE_ONLY_DEVICE:
+        notes.append("compile-only tunings (no GPU) verify and build candidates but time nothing: tune on a Hopper GPU")
+    if others := [d for d in devices if d != COMPILE_ONLY_DEVICE]:
+        notes.append(f"results exist for device {', '.join(repr(d) for d in others)}")
+    return "".join(f"; {n}" for n in notes)

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ import uvicorn
 from ws_tuner.server.config import Settings
 from ws_tuner.server.main import create_app
 from ws_tuner.server.security import display_prefix, generate_token, hash_token
-from ws_tuner.server.services import Services
+from ws_tuner.server.state import Services
 from ws_tuner.server.worker import Worker, WorkerOptions
 from ws_tuner.testing.service import test_stages
 from ws_tuner.store import Store

@@ -26,10 +26,11 @@ from sqlalchemy import create_engine, inspect, text
 
 from ws_tuner.store import SchemaOutdatedError, Store, current_revision, head_revision, upgrade
 from ws_tuner.store import engine as store_engine, schema
-from ws_tuner.store.models import VERSION_TABLE, Base
+from ws_tuner.store.models import Base
 
 DATA = Path(__file__).resolve().parent / "data"
 RELEASED = ["v0.1.0.a", "v0.2.0.a"]
+UNRELEASED = ["v0.3.0.a"]  # steps of the coming release, before its head: no database in the field has them
 OPTUNA_TABLES = {"studies", "trials", "trial_params", "trial_values", "study_directions", "alembic_version"}
 
 
@@ -88,7 +89,7 @@ def released_database(db_url: str, revision: str) -> None:
 
 def test_every_released_schema_is_known() -> None:
     revisions = [s.revision for s in ScriptDirectory.from_config(schema.alembic_config()).walk_revisions()]
-    assert head_revision() == "v0.3.0.a" and set(RELEASED) | {head_revision()} == set(revisions)
+    assert head_revision() == "v0.3.0.b" and set(RELEASED) | set(UNRELEASED) | {head_revision()} == set(revisions)
     assert all((DATA / f"{r}.sqlite.sql").is_file() for r in RELEASED)
 
 

@@ -14,9 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import make_url
 from svc_helpers import FAKE_ARGS, wait_for

@@ -18,7 +18,6 @@ from sqlalchemy import create_engine, text
 from svc_helpers import fake_key
 
 from ws_tuner.candidate import Candidate, Lowering
-from ws_tuner.store import Store
 from ws_tuner.store.queue import JobQueue
 
 ROUNDS = 1000

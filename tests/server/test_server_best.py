@@ -4,14 +4,18 @@ own lookup finds."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
+import httpx
 import pytest
 from svc_helpers import EXAMPLES, SHAPE, wait_for
 
 from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.kernel import load_kernel
 from ws_tuner.result import Status, Timing, TrialResult
+from ws_tuner.server.middleware import BestLookupFastPath
+from ws_tuner.server.schemas import BestPublic
 from ws_tuner.store import Store
 from ws_tuner.workload import Environment, WorkloadKey
 
@@ -102,6 +106,47 @@ def test_fast_path_and_stale_while_revalidate(db_url: str, live_server: Callable
         assert first.hash != newer.hash
 
 
+def test_authenticated_reads_on_the_fast_path(db_url: str, live_server: Callable, open_db: Callable, make_token: Callable) -> None:
+    """When reads need a token, the fast path serves a remembered answer only to a
+    token the route checked (within the token cache's time to live), without a query."""
+    live = live_server(db_url, public_reads=False, best_cache_ttl=60.0, auth_cache_ttl=60.0)
+    _commit(open_db(db_url), 0.5, 1)
+    token = make_token(db_url, "read")
+    params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
+    query = str(httpx.QueryParams(params)).encode()
+    with live.client() as anonymous, live.client(token) as client, live.client("wst_" + "x" * 40) as forged:
+        assert anonymous.get("/best", params=params).status_code == 401
+        assert live.services.known_principal(token) is None  # not checked yet
+        routed = client.get("/best", params=params)
+        assert routed.status_code == 200 and live.services.known_principal(token) is not None
+        assert live.services.fast_answer(query) is not None  # remembered for the fast path
+        assert anonymous.get("/best", params=params).status_code == 401  # ...which never serves it without a token
+        assert forged.get("/best", params=params).status_code == 401
+        assert client.get("/best", params=params).content == routed.content
+
+    # The middleware itself: a checked token is answered there (the app behind it is never called), any other passes through.
+    passed: list[bytes | None] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        passed.append(dict(scope["headers"]).get(b"authorization"))
+
+    async def call(authorization: bytes | None) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", authorization)] if authorization else []
+        scope = {"type": "http", "method": "GET", "path": "/api/v1/best", "query_string": query, "headers": headers}
+        await BestLookupFastPath(app, live.services, "/api/v1/best")(scope, None, send)
+        return sent
+
+    served = asyncio.run(call(f"bearer {token}".encode()))
+    assert served[0]["status"] == 200 and served[1]["body"] == routed.content and passed == []
+    for other in (None, b"Bearer wst_forged", f"Basic {token}".encode()):
+        assert asyncio.run(call(other)) == [] and passed[-1] == other
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_real_kernel_job_is_served_and_reused_by_the_engine(
     db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable, open_db: Callable
@@ -138,7 +183,35 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     stored = store.top_k(workload_id=cli.workload_id, k=100)
     assert len(stored) == 7 and best["candidate_hash"] == stored[0].candidate.hash
     assert best["tilelang"].startswith("T.annotate_ws_schedule(")
+    # Built from the stored JSON, the answer is what the candidate itself says.
+    assert best["candidate"] == stored[0].candidate.to_json() and best["tilelang"] == stored[0].candidate.schedule.to_source()
+    assert BestPublic.model_validate(best).candidate_hash == stored[0].candidate.hash
     # ...and the engine resumes from the job's results: a re-run with budget 7 measures nothing.
     again = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
                   options=TuneOptions(budget=7, baselines=False, confirm_top=0)).run()  # fmt: skip
     assert all(r.cached for r in again.records) and len(again.records) == 7
+
+
+def test_best_schedule_by_url_reuses_one_store(db_url: str, open_db: Callable) -> None:
+    """``best_schedule(path, db=URL)`` opens one store per URL for the process, not one per call."""
+    from ws_tuner import lookup
+
+    fastest = _commit(open_db(db_url), 0.5, 1)
+    _commit(open_db(db_url), 0.7, 2)
+    spec = load_kernel(EXAMPLES / "gemm.py")
+    try:
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == fastest
+        store = lookup.store_for(db_url)
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == fastest and lookup.store_for(db_url) is store
+        assert lookup.store_for(store) is store
+        faster = _commit(open_db(db_url), 0.2, 3)  # a new best in the same workload: found at once
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=H200) == faster
+        other = Environment("sm_90a", "NVIDIA H200", "0.1.16", "12.8", "570.1")
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=other) is None  # no workload (yet)
+        _commit(open_db(db_url), 0.9, 4, env=other)
+        assert lookup.best_schedule(spec, SHAPE, db=db_url, env=other) is not None  # asked again, now found
+    finally:
+        with lookup._stores_lock:
+            opened = lookup._stores.pop(lookup.resolve_db_url(db_url), None)
+        if opened is not None:
+            opened.close()

@@ -17,7 +17,7 @@ import shutil
 import httpx
 from svc_helpers import ROOT, wait_for
 
-from ws_tuner.server.config import Settings
+from ws_tuner.server.config import OTHER_VARIABLES, Settings
 
 
 def test_serve_defaults_to_sqlite_with_an_embedded_worker(tmp_path: Path) -> None:
@@ -48,6 +48,8 @@ def test_serve_defaults_to_sqlite_with_an_embedded_worker(tmp_path: Path) -> Non
             assert client.get("/ready").json()["workers_alive"] == 1
             trials = client.get(f"/jobs/{job.json()['id']}/trials").json()["data"]
             assert [t["status"] for t in trials] == ["built", "built"]  # verified and compiled by nvcc, nothing timed
+            best = client.get("/best", params={"kernel": "plain_gemm", "problem": "M=1024,N=1024,K=1024", "device": "NVIDIA H200"})
+            assert best.status_code == 404 and "compile-only tunings (no GPU) verify and build candidates but time nothing" in best.json()["detail"]
         assert (tmp_path / ".cache" / "ws-tune" / "ws-tune.db").is_file()
     finally:
         serve.send_signal(signal.SIGTERM)
@@ -76,7 +78,7 @@ def test_deploy_files_are_consistent(monkeypatch) -> None:
     assert "ws-tune db upgrade" in prestart and 'exec "$@"' in prestart
     assert os.access(docker / "prestart.sh", os.X_OK)
     # Every WS_TUNE_* name used by the deploy files is a setting (or the store's WS_TUNE_DB).
-    fields = {f"WS_TUNE_{name.upper()}" for name in Settings.model_fields} | {"WS_TUNE_CONFIG"}
+    fields = {f"WS_TUNE_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
     used = set(re.findall(r"WS_TUNE_[A-Z_]+", compose + (docker / "server.Dockerfile").read_text()
                           + (docker / "worker.Dockerfile").read_text() + (ROOT / "configs" / "service.env.example").read_text()))
     assert used <= fields, used - fields

@@ -9,7 +9,6 @@ import time
 from typing import Any, Callable
 
 import httpx
-import pytest
 from svc_helpers import SHAPE, wait_for
 
 from ws_tuner.store.queue import JobQueue
@@ -35,14 +34,17 @@ def test_submit_run_and_inspect_a_job(db_url: str, live_server: Callable, make_t
         assert job["problem_checked"] and job["progress"]["budget"] == 12 and job["progress"]["fraction"] == 0.0
         worker = worker_thread(db_url)
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] == "succeeded" and j, 30, what="the job")
-        assert done["progress"] == {"budget": 12, "claimed": 12, "queued": 0, "running": 0, "done": 12, "failed": 0,
-                                    "cancelled": 0, "fraction": 1.0}  # fmt: skip
+        none = {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+        assert done["progress"] == {"budget": 12, "claimed": 12, **none, "done": 12, "fraction": 1.0, "baselines": none}
         assert done["device"] == "Dummy H200 (test double)" and done["workload_id"] is not None
         assert done["best"]["median_ms"] > 0 and len(done["best"]["candidate_hash"]) == 20
 
         trials = client.get(f"/jobs/{job['id']}/trials", params={"limit": 5}).json()
         assert trials["count"] == 12 and len(trials["data"]) == 5
         assert {t["state"] for t in trials["data"]} == {"done"} and [t["slot"] for t in trials["data"]] == [0, 1, 2, 3, 4]
+        for t in trials["data"]:  # what each trial was, and how it fared
+            assert t["lowering"] == "default" and t["params"] and t["schedule"] is None and t["status"] == "ok"
+            assert t["timing"]["median_ms"] == t["median_ms"] > 0 and t["timing"]["reps"] > 0 and t["kind"] == "search"
         hashes = {t["candidate_hash"] for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 500}).json()["data"]}
         assert len(hashes) == 12  # no candidate measured twice
 
@@ -52,7 +54,7 @@ def test_submit_run_and_inspect_a_job(db_url: str, live_server: Callable, make_t
         workers = client.get("/workers", params={"alive": True}).json()
         assert workers["count"] == 1 and workers["data"][0]["id"] == worker.worker.id
         ready = client.get("/ready").json()
-        assert ready["status"] == "ready" and ready["schema_revision"] == "v0.3.0.a" and ready["workers_alive"] == 1
+        assert ready["status"] == "ready" and ready["schema_revision"] == "v0.3.0.b" and ready["workers_alive"] == 1
     worker.stop()
 
 
@@ -220,7 +222,8 @@ def test_baselines_time_budget_and_cancel_with_a_worker(
         job = client.post("/jobs", json={**GOOD, "budget": 6, "baselines": True}).json()
         done = finished(job["id"])
         kinds = Counter(t["kind"] for t in client.get(f"/jobs/{job['id']}/trials").json()["data"])
-        assert kinds == {"search": 6, "baseline": 2} and done["progress"]["claimed"] == 6 and done["progress"]["done"] == 8
+        assert kinds == {"search": 6, "baseline": 2} and done["progress"]["claimed"] == 6
+        assert done["progress"]["done"] == 6 == done["progress"]["budget"] and done["progress"]["baselines"]["done"] == 2
         assert done["best"]["median_ms"] < 1.0  # the search's best, not a baseline's
 
         # A time budget stops claiming; the job still ends "succeeded", with what it measured.

@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import pytest
 from sqlalchemy import create_engine, text
-from svc_helpers import EXAMPLES, FAKE_ARGS, ROOT, SHAPE, wait_for
+from svc_helpers import EXAMPLES, ROOT, SHAPE, wait_for
 
 from ws_tuner.server.config import Settings, load_settings
 from ws_tuner.server.security import is_loopback, parse_scopes
-from ws_tuner.server.service import check_bind
+from ws_tuner.server.process import check_bind
 from ws_tuner.store.registry import Registry
 
 

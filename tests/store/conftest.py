@@ -3,19 +3,13 @@ tests/conftest.py: SQLite and PostgreSQL), and factories of stored values."""
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, create_engine, make_url, text
-from sqlalchemy.exc import OperationalError
 
 from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.result import Status, Timing, TrialResult
 from ws_tuner.schedule import ROOT_SCOPE, Pipeline, Role, Schedule, Scope, Sync
-from ws_tuner.store import Store
 from ws_tuner.workload import Environment, WorkloadKey
 
 # --- factories ----------------------------------------------------------------

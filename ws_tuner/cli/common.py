@@ -14,6 +14,23 @@ from rich.console import Console
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Database schema commands.")
 token_app = typer.Typer(add_completion=False, no_args_is_help=True, help="API tokens of the service.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"ws-tune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print ws-tune's version and exit"),
+) -> None:
+    """Options before the command."""
+
+
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 
@@ -26,7 +43,25 @@ EXIT_NOT_FOUND = 1
 ShapeOpt = typer.Option(..., "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]")
 ParamOpt = typer.Option(None, "--param", "-p", help="Pin kernel parameters, e.g. block_M=128,swizzle=8")
 SpaceOpt = typer.Option(None, "--space", help="Axis values of the schedule space, as TOML (see configs/space-focused.toml)")
-DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")
+
+
+def _check_db(value: Optional[str]) -> Optional[str]:
+    """--db, else $WS_TUNE_DB, checked before anything is opened (a typo never becomes a new file)."""
+    from ..database_url import check_db_url
+
+    given, what = (value, "--db") if value else (os.environ.get(DB_ENV) or None, DB_ENV)
+    if not given:
+        return None
+    try:
+        return check_db_url(given, what)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+DB_ENV = "WS_TUNE_DB"
+DbOpt = typer.Option(None, "--db", callback=_check_db, metavar="URL",
+                     help="Database URL (sqlite:///PATH, postgresql://USER@HOST/DB) or SQLite path ending in .db "
+                          "(default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")  # fmt: skip
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

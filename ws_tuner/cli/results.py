@@ -22,28 +22,38 @@ from .common import (
 # --- best / export -------------------------------------------------------------
 
 
+FileArg = typer.Argument(..., help="Kernel file that was tuned (e.g. examples/gemm.py)")
+DeviceOpt = typer.Option(None, "--device", help="Device whose results to read, e.g. 'NVIDIA H200' (default: this machine's GPU)")
+
+
 def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k: int) -> tuple[Any, Any, list[Any]]:
+    """The ``k`` fastest stored results of FILE at the problem on the device; none is exit code 1, with why."""
     from .. import lookup
     from ..store import open_store
 
     task = _task(file, shape, None)
     store = open_store(db)
     key = lookup.workload_key(task, device=device)
-    return task, key, lookup.fastest_compilable(store, key, k=k)
+    top = lookup.fastest_compilable(store, key, k=k)
+    if not top:
+        raise _fail(_nothing_timed(store, task, key, f"ws-tune {file} --shape {shape}"), EXIT_NOT_FOUND)
+    return task, key, top
+
+
+def _nothing_timed(store: Any, task: Any, key: Any, command: str) -> str:
+    from ..workload import COMPILE_ONLY_DEVICE, untimed_note
+
+    stored = [k for _, k in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem)]
+    on = "this machine (no GPU)" if key.device == COMPILE_ONLY_DEVICE else key.device
+    run = f"; run `{command}` first" if key.device != COMPILE_ONLY_DEVICE else ""
+    return f"no timed result stored for {task.spec.name} at {key.problem} on {on}{untimed_note(key.device, stored)}{run}"
 
 
 @app.command()
 @handles_errors
-def best(
-    file: Path = typer.Argument(...),
-    shape: str = ShapeOpt,
-    db: Optional[str] = DbOpt,
-    device: Optional[str] = typer.Option(None, "--device", help="Device name (default: this machine's GPU, else compile-only)"),
-) -> None:
-    """Print the best stored schedule of FILE at a problem, as TileLang code and JSON."""
+def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt, device: Optional[str] = DeviceOpt) -> None:
+    """Print the best stored schedule of FILE at a problem, as TileLang code and JSON (exit 1: none stored)."""
     task, key, top = _stored(file, shape, db, device, k=1)
-    if not top:
-        raise _fail(f"no timed result stored for {task.spec.name} at {key.problem} on {key.device}; run `ws-tune {file} --shape {shape}` first", EXIT_NOT_FOUND)
     trial = top[0]
     r = trial.result
     state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
@@ -57,14 +67,15 @@ def best(
 @app.command()
 @handles_errors
 def export(
-    file: Path = typer.Argument(...),
+    file: Path = FileArg,
     shape: str = ShapeOpt,
     db: Optional[str] = DbOpt,
-    device: Optional[str] = typer.Option(None, "--device"),
-    output: Path = typer.Option(Path("ws-tune-export.json"), "--output", "-o"),
-    top: int = typer.Option(10, "--top", help="How many of the fastest to include"),
+    device: Optional[str] = DeviceOpt,
+    output: Path = typer.Option(Path("ws-tune-export.json"), "--output", "-o", help="JSON file to write (replaced atomically)"),
+    top: int = typer.Option(10, "--top", min=1, help="How many of the fastest results to include"),
 ) -> None:
-    """Write the JSON artifact of FILE's tuning at a problem: the key and the fastest schedules."""
+    """Write the JSON artifact of FILE's tuning at a problem: the workload key and the fastest
+    schedules with their timings and TileLang code (exit 1, nothing written: none stored)."""
     task, key, trials = _stored(file, shape, db, device, k=top)
     artifact = {
         "workload": key.to_json(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from pathlib import Path
 from typing import Optional
@@ -32,16 +34,34 @@ def serve(
     workers: Optional[int] = typer.Option(None, "--workers", help="Embedded tuning workers (default: 1 on SQLite, 0 on PostgreSQL)"),
     http_workers: Optional[int] = typer.Option(None, "--http-workers", help="uvicorn worker processes"),
     kernel_dir: Optional[list[Path]] = typer.Option(None, "--kernel-dir", help="Register the kernel files of this directory (repeatable)"),
-    access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+    access_log: Optional[bool] = typer.Option(None, "--access-log/--no-access-log", help="Log every request (default: off)"),
     worker_arg: Optional[list[str]] = typer.Option(None, "--worker-arg", hidden=True, help="Passed to the embedded workers (tests)"),
 ) -> None:
     """Run the tuning service: the REST API (/api/v1, docs at /docs) and, on SQLite, a worker."""
     from ..server.config import load_settings
-    from ..server.service import serve as run_server
+    from ..server.process import serve as run_server
 
-    settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers,
+    settings = load_settings(host=host, port=port, db=db, workers=workers, http_workers=http_workers, access_log=access_log,
                              kernel_dirs=[p.resolve() for p in kernel_dir] if kernel_dir else None)  # fmt: skip
-    run_server(settings, worker_args=list(worker_arg or []), access_log=access_log)
+    check_port(settings.host, settings.port)
+    run_server(settings, worker_args=list(worker_arg or []))
+
+
+def check_port(host: str, port: int) -> None:
+    """A port another process holds is one line and exit 2, before anything starts
+    (uvicorn would log six lines and exit 3 after the workers were up)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise _fail(f"cannot listen on {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = "is in use by another process (choose another with --port)" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
+            raise _fail(f"port {port} on {host} {why}") from None
 
 
 @app.command()
@@ -62,7 +82,7 @@ def worker(
 ) -> None:
     """Run jobs from the service's queue on this machine's GPU (one worker per GPU)."""
     from ..server.config import load_settings
-    from ..server.service import read_worker_settings, run_worker
+    from ..server.process import read_worker_settings, run_worker
     from ..server.worker import WorkerOptions
 
     if jobs < 1:

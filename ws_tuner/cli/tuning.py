@@ -8,13 +8,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from .common import (
@@ -29,6 +22,7 @@ from .common import (
     handles_errors,
     out,
 )
+from .progress import TuneProgress, counting
 
 # --- tune -------------------------------------------------------------------
 
@@ -81,31 +75,19 @@ def tune(
     options = TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, baselines=baselines,
                           evaluator=EvaluatorConfig(timeout=run_timeout))  # fmt: skip
     runner = None if compile_only else LocalRunner(gpu)
-    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, _progress() as progress:
-        bar = progress.add_task("tuning", total=None)
-        done = [0]
-
-        def listener(event: str, record: Any) -> None:
-            if event in ("anchor", "confirm"):
-                progress.update(bar, description="timing the anchor" if event == "anchor" else "final tournament of the leaders")
-                return
-            done[0] += 1
-            progress.update(bar, completed=done[0], description=f"{record.result.status.value:>13} {record.candidate.describe()[:70]}")
-
+    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, TuneProgress(err, budget) as progress:
         tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
-                      options=options, listener=listener)  # fmt: skip
+                      options=options, listener=progress)  # fmt: skip
         try:
             report = tuner.run()
         finally:
             if runner:
                 runner.close()
-    _print_report(report, task)
     if report.interrupted:
+        # What was measured is in the store; the table of a cut-short tuning would mislead.
+        err.print(progress.interrupted_line(), markup=False)
         raise typer.Exit(130)
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+    _print_report(report, task)
 
 
 def _print_report(report: Any, task: Any) -> None:
@@ -167,7 +149,7 @@ def _relative(best: Any, other: Any) -> float | None:
 @app.command()
 @handles_errors
 def space(
-    file: Path = typer.Argument(...), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
+    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
 ) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
     import time
@@ -175,7 +157,8 @@ def space(
     task = _task(file, shape, param, space_config)
     sp = task.space()
     start = time.perf_counter()
-    count = sp.count()
+    with counting(err, "counting the space") as tick:
+        count = sp.count(tick)
     elapsed = time.perf_counter() - start
     axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}")
     axes.add_column("axis")

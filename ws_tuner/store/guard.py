@@ -36,6 +36,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.exc import InvalidatePoolError
 
 _log = logging.getLogger(__name__)
+RECENT_S = 1.0  # a pooled connection returned this recently is taken out unchecked
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,11 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
         dbapi_connection.commit()
 
     def on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-        if record.info.pop("ws_tune_fresh", False):
+        # A connection that worked moments ago needs no check (under load, that is
+        # every checkout: the check would be a round trip per call); one that sat
+        # in the pool longer is checked, as one just opened is not.
+        returned = record.info.pop("ws_tune_returned", None)
+        if record.info.pop("ws_tune_fresh", False) or (returned is not None and time.monotonic() - returned < RECENT_S):
             _watchdog.hold(record, dbapi_connection, timeouts.checkout, engine)
             return
         _watchdog.hold(record, dbapi_connection, timeouts.ping, engine)
@@ -151,6 +156,8 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
 
     def on_checkin(dbapi_connection: Any, record: Any) -> None:
         _watchdog.release(record)
+        if dbapi_connection is not None:
+            record.info["ws_tune_returned"] = time.monotonic()
 
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "checkout", on_checkout)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, false, func
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, false, func, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Hex digests are at most 64 chars (sha256); today's hashes are truncated to 20
@@ -105,8 +105,10 @@ class TrialModel(Base):
         # One result per candidate per workload: re-measuring overwrites (upsert),
         # so N workers finishing N trials leave exactly N rows.
         UniqueConstraint("workload_id", "candidate_id", name="uq_ws_tune_trials_workload_candidate"),
-        # Serves top_k / best: WHERE workload_id = ? AND status = 'ok' ORDER BY confirmed DESC, ratio, median_ms.
-        Index("ix_ws_tune_trials_workload_status_rank", "workload_id", "status", "confirmed", "ratio", "median_ms"),
+        # Serves top_k / best in index order: WHERE workload_id = ? AND status = 'ok'
+        # ORDER BY repository.RANK_ORDER, column for column (migration v0.3.0.b).
+        Index("ix_ws_tune_trials_workload_rank", "workload_id", "status", text("confirmed DESC"), text("(ratio IS NULL)"),
+              "ratio", "median_ms", "id"),  # fmt: skip
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -4,11 +4,9 @@
   UTF-8 source, which is also the ``source_hash`` a workload records for that
   file, so a result tuned from the CLI and one tuned by the service agree.
 * Tokens are stored as their sha256 only; a token is looked up by its hash.
-* ``best`` is one indexed query: the fastest correct trial of (kernel name,
-  source hash, canonical problem, device) that tilelang compiles (not the
-  vendor reference), whoever wrote it (the CLI or a worker). Results of two
-  sources under one name are never compared: ``timed_sources`` tells the
-  caller which sources there are to choose from.
+* The best-schedule lookup itself is ``Store.best_stored`` (repository.py).
+  Results of two sources under one name are never compared: ``timed_sources``
+  tells the caller which sources there are to choose from.
 """
 
 from __future__ import annotations
@@ -22,11 +20,9 @@ from sqlalchemy import func, select, update
 
 from ..candidate import Lowering, sha256_hex
 from ..result import Status
-from ..workload import WorkloadKey
 from .engine import utc
 from .models import CandidateModel, KernelModel, TokenModel, TrialModel, WorkloadModel
-from .records import StoredTrial, stored_trial, workload_key
-from .repository import RANK_ORDER, OnStore
+from .repository import OnStore
 
 
 @dataclass(frozen=True)
@@ -48,13 +44,6 @@ class TokenRecord:
     scopes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
-
-
-@dataclass(frozen=True)
-class BestRecord:
-    trial_id: int
-    trial: StoredTrial
-    key: WorkloadKey
 
 
 def _kernel(row: KernelModel) -> KernelRecord:
@@ -192,21 +181,3 @@ class Registry(OnStore):
         )
         with self.store.session_scope(read_only=True) as session:
             return list(session.scalars(query))
-
-    def best(self, *, kernel: str, source_hash: str, problem: str, device: str) -> BestRecord | None:
-        """The fastest correct compilable trial of one source of ``kernel`` at the
-        canonical ``problem`` JSON on ``device`` (any toolchain)."""
-        query = (
-            select(TrialModel, CandidateModel, WorkloadModel)
-            .join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
-            .join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
-            .where(*self._timed(kernel, problem, device), WorkloadModel.source_hash == source_hash)
-            .order_by(*RANK_ORDER)
-            .limit(1)
-        )
-        with self.store.session_scope(read_only=True) as session:
-            row = session.execute(query).first()
-            if row is None:
-                return None
-            trial, candidate, workload = row
-            return BestRecord(trial.id, stored_trial(trial, candidate), workload_key(workload))

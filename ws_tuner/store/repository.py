@@ -22,20 +22,24 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Select, func, or_, select
-from sqlalchemy.orm import Session
+from dataclasses import dataclass
+from datetime import datetime
 
-from ..candidate import Candidate, canonical_json
+from sqlalchemy import Select, bindparam, func, or_, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, aliased
+
+from ..candidate import Candidate, Lowering, canonical_json
 from ..result import Status, TrialResult
 from ..workload import WorkloadKey
-from .engine import ENV_VAR, Database, Sql, StoreError, resolve_db_url
+from .engine import ENV_VAR, Database, Sql, StoreError, resolve_db_url, utc
 from .guard import DbTimeouts
 from .models import CandidateModel, TrialModel, WorkloadModel
 from .records import StoredTrial, dumps, stored_trial, workload_key
 from .schema import ensure_schema, stamped_revision, upgrade
 
 
-def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) -> Store:
+def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> Store:
     """Open (and on first use, create) the store that ``resolve_db_url(url)`` names."""
     resolved = resolve_db_url(url)
     if not url and not os.environ.get(ENV_VAR):
@@ -46,12 +50,75 @@ def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None) ->
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the ws-tune cache directory {directory}: {exc.strerror}") from None
-    return Store(resolved, timeouts=timeouts)
+    return Store(resolved, timeouts=timeouts, pool_size=pool_size)
 
 
 # Best first: confirmed in the final tournament, then the ratio to the anchor (rows
 # without one last), then time; the id breaks ties, for stable leaderboards.
 RANK_ORDER = (TrialModel.confirmed.desc(), TrialModel.ratio.is_(None), TrialModel.ratio, TrialModel.median_ms, TrialModel.id)
+
+
+@dataclass(frozen=True)
+class StoredBest:
+    """The best trial of a lookup as stored: the row's values and the candidate's
+    canonical JSON, for an answer built without re-creating the candidate."""
+
+    trial_id: int
+    updated_at: datetime
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+    tflops: float | None
+    candidate_hash: str
+    lowering: str
+    params_json: str
+    schedule_json: str | None
+    key: WorkloadKey
+
+
+# The best-schedule lookup, built once (rebuilding a select costs a fifth of a lookup),
+# one statement: each workload of (kernel, source, problem, device), on any toolchain,
+# with its fastest compilable trial, found by a correlated subquery that reads the
+# first entry of the rank index (no sort, whatever the workload's size).
+_BEST_ID = (
+    select(TrialModel.id)
+    .join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
+    .where(
+        TrialModel.workload_id == WorkloadModel.id,
+        TrialModel.status == Status.OK.value,
+        TrialModel.median_ms.is_not(None),
+        # What tilelang can compile: a WS schedule or its own lowerings, never the vendor reference.
+        CandidateModel.lowering != Lowering.REFERENCE.value,
+    )
+    .order_by(*RANK_ORDER)
+    .limit(1)
+    .correlate(WorkloadModel)
+    .scalar_subquery()
+)
+_best = aliased(TrialModel, name="best")
+_best_candidate = aliased(CandidateModel, name="best_candidate")
+_BEST_AT = (
+    select(
+        WorkloadModel, _best.id.label("trial_id"), _best.updated_at, _best.median_ms, _best.p20_ms, _best.p80_ms, _best.reps,
+        _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash.label("candidate_hash"), _best_candidate.lowering,
+        _best_candidate.params, _best_candidate.schedule,
+    )  # fmt: skip
+    .select_from(WorkloadModel)
+    .join(_best, _best.id == _BEST_ID)
+    .join(_best_candidate, _best.candidate_id == _best_candidate.id)
+    .where(
+        WorkloadModel.kernel == bindparam("kernel"),
+        WorkloadModel.source_hash == bindparam("source_hash"),
+        WorkloadModel.problem == bindparam("problem"),
+        WorkloadModel.device == bindparam("device"),
+    )
+)
+
+
+def _rank(row: Any) -> tuple[Any, ...]:
+    """RANK_ORDER in Python, to pick among the best trials of several workloads."""
+    return (not row.confirmed, row.ratio is None, row.ratio or 0.0, row.median_ms, row.trial_id)
 
 
 def trials_query() -> Select[TrialModel, CandidateModel]:
@@ -110,8 +177,8 @@ def upsert_trial(session: Session, sql: Sql, *, workload_id: int, candidate: Can
 class Store(Database):
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
-    def __init__(self, url: str, *, timeouts: DbTimeouts | None = None) -> None:
-        super().__init__(url, timeouts=timeouts)
+    def __init__(self, url: str, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> None:
+        super().__init__(url, timeouts=timeouts, pool_size=pool_size)
         try:
             ensure_schema(self)
         except BaseException:
@@ -223,6 +290,25 @@ class Store(Database):
         query = trials_query().join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
         found = self._fastest(query.where(WorkloadModel.key_hash == key.hash), 1)
         return found[0] if found else None
+
+    def best_stored(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
+        """The fastest correct compilable trial of one source of ``kernel`` at the canonical
+        ``problem`` JSON on ``device``, on any toolchain; None if there is none. Its cost
+        does not grow with the number of trials: each workload's best is its first
+        entry in the rank index."""
+        where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        try:
+            with self.lookup_engine.connect() as connection:
+                rows = connection.execute(_BEST_AT, where).all()
+        except DBAPIError as exc:
+            raise self.error(exc) from None
+        if not rows:
+            return None
+        best = min(rows, key=_rank)
+        return StoredBest(
+            best.trial_id, utc(best.updated_at), best.median_ms, best.p20_ms, best.p80_ms, best.reps, best.tflops,
+            best.candidate_hash, best.lowering, best.params, best.schedule, workload_key(best),
+        )  # fmt: skip
 
     def status_counts(self, *, workload_id: int) -> dict[str, int]:
         """How many trials of the workload are in each status (status value -> count)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..server.config import load_settings
-from ..server.service import run_worker
+from ..server.process import run_worker
 from ..server.stages import WorkerOptions
 from .service import test_stages
 

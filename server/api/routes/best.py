@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from ...kernels import NAME_PATTERN
 from ...middleware import etag_matches
 from ...schemas import READ_ERRORS, SHA256_PATTERN, BestPublic, errors
-from ...services import Services
+from ...state import Services
 
 router = APIRouter(prefix="/best", tags=["best"])
 
@@ -47,8 +47,8 @@ async def get_best(
     services: Services = request.app.state.services
     entry = services.best_cache.peek((kernel, problem, device, source_hash), 0.0)
     answer = entry[0] if entry else await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
-    if not services.settings.reads_need_token:  # the fast path (middleware) serves this query string as is from now on
-        services.remember_query(request.scope["query_string"], kernel, problem, device, source_hash, answer)
+    # The fast path (middleware) serves this query string as is from now on (to a checked token, if reads need one).
+    services.remember_query(request.scope["query_string"], kernel, problem, device, source_hash, answer)
     headers = {"Cache-Control": "no-cache"}
     if answer.etag is not None:
         headers["ETag"] = answer.etag

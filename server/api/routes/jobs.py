@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import asdict
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
+from ....store import StoredTrial
 from ....store.queue import FAILED, JobConflict, JobNotFound, JobRecord, JobTrialRecord
 from ... import kernels as kernel_files
 from ...deps import JobsWriter, ServicesDep, check_upload
@@ -20,6 +22,8 @@ from ...schemas import (
     JobsPublic,
     JobTrialPublic,
     JobTrialsPublic,
+    SlotCounts,
+    TrialTiming,
     errors,
 )
 from ...security import ADMIN, KERNELS_UPLOAD
@@ -33,13 +37,17 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 SlotState = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
+def _slot_counts(counts: dict[str, int]) -> dict[str, int]:
+    return {state: counts.get(state, 0) for state in ("queued", "running", "done", FAILED, "cancelled")}
+
+
 def job_public(job: JobRecord) -> JobPublic:
-    counts = job.search_counts
-    finished = counts.get("done", 0) + counts.get(FAILED, 0)
+    search = job.search_counts
+    others = {state: n - search.get(state, 0) for state, n in job.counts.items()}
+    finished = search.get("done", 0) + search.get(FAILED, 0)
     progress = JobProgress(
-        budget=job.budget, claimed=job.slots_claimed, queued=job.counts.get("queued", 0),
-        running=job.counts.get("running", 0), done=job.counts.get("done", 0), failed=job.counts.get(FAILED, 0),
-        cancelled=job.counts.get("cancelled", 0), fraction=round(min(finished / job.budget, 1.0), 4) if job.budget else 1.0,
+        budget=job.budget, claimed=job.slots_claimed, **_slot_counts(search), baselines=SlotCounts(**_slot_counts(others)),
+        fraction=round(min(finished / job.budget, 1.0), 4) if job.budget else 1.0,
     )  # fmt: skip
     return JobPublic(
         id=job.id, state=job.state, kernel=job.kernel, kernel_sha256=job.kernel_sha256,  # type: ignore[arg-type]
@@ -51,11 +59,17 @@ def job_public(job: JobRecord) -> JobPublic:
     )  # fmt: skip
 
 
-def _trial_public(t: JobTrialRecord) -> JobTrialPublic:
+def _trial_public(t: JobTrialRecord, stored: StoredTrial | None) -> JobTrialPublic:
+    what: dict[str, Any] = {}
+    if stored is not None:  # the candidate and its full result, as the store keeps them for the job's workload
+        candidate, result = stored.candidate, stored.result
+        what = dict(lowering=candidate.lowering.value, params=candidate.param_dict, ratio=result.ratio, confirmed=result.confirmed,
+                    schedule=candidate.schedule.to_json() if candidate.schedule else None, build_seconds=result.build_seconds,
+                    timing=TrialTiming(**asdict(result.timing)) if result.timing else None)  # fmt: skip
     return JobTrialPublic(
         id=t.id, slot=t.slot, kind=t.kind, state=t.state, attempts=t.attempts, worker_id=t.worker_id,
         candidate_hash=t.candidate_hash, status=t.status, message=t.message, median_ms=t.median_ms, tflops=t.tflops,
-        created_at=t.created_at, finished_at=t.finished_at,
+        created_at=t.created_at, finished_at=t.finished_at, **what,
     )  # fmt: skip
 
 
@@ -131,11 +145,14 @@ def get_job(job_id: JobId, services: ServicesDep) -> JobPublic:
 def list_job_trials(
     job_id: JobId, services: ServicesDep, state: SlotState | None = None, limit: Limit = 100, offset: Offset = 0
 ) -> JobTrialsPublic:
-    """The job's trials (search slots and baselines), in claim order."""
-    if services.queue.job_state(job_id) is None:
+    """The job's trials (search slots and baselines), in claim order: what each
+    candidate was (lowering, parameters, schedule) and how it fared."""
+    job = services.queue.get_job(job_id)
+    if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
     trials, count = services.queue.job_trials(job_id, state=state, limit=limit, offset=offset)
-    return JobTrialsPublic(data=[_trial_public(t) for t in trials], count=count)
+    stored = services.store.trials_by_hash(workload_id=job.workload_id) if job.workload_id is not None else {}
+    return JobTrialsPublic(data=[_trial_public(t, stored.get(t.candidate_hash or "")) for t in trials], count=count)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(*WRITE_ERRORS, 404, 409))

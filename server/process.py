@@ -149,11 +149,21 @@ class EmbeddedWorkers:
                 proc.wait()
 
 
-def serve(settings: Settings, *, worker_args: list[str] | None = None, access_log: bool = True) -> None:
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's settings for the API (benchmarks/service_bench.py runs its ceiling under the same)."""
+    return dict(
+        host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=settings.access_log,
+        server_header=False, proxy_headers=False, timeout_graceful_shutdown=10,
+        http="httptools" if importlib.util.find_spec("httptools") else "auto",
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "auto",
+    )  # fmt: skip
+
+
+def serve(settings: Settings, *, worker_args: list[str] | None = None) -> None:
     import uvicorn
 
     from .main import create_app
-    from .services import Services
+    from .state import Services
 
     configure_logging(settings.log_level)
     settings = seal(settings)
@@ -165,10 +175,6 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     finally:
         store.close()
     workers = settings.workers if settings.workers is not None else (1 if url.startswith("sqlite") else 0)
-    fast = {
-        "http": "httptools" if importlib.util.find_spec("httptools") else "auto",
-        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "auto",
-    }
     embedded = EmbeddedWorkers(workers, worker_settings_json(settings), worker_args or []) if workers else None
     _log.info("ws-tune serving %s on http://%s:%d/api/v1 (docs at /docs), %d embedded worker(s)",
               mask_url(url), settings.host, settings.port, workers)  # fmt: skip
@@ -181,10 +187,7 @@ def serve(settings: Settings, *, worker_args: list[str] | None = None, access_lo
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
     try:
-        common: dict[str, Any] = dict(
-            host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=access_log,
-            server_header=False, proxy_headers=False, timeout_graceful_shutdown=10, **fast,
-        )  # fmt: skip
+        common = uvicorn_options(settings)
         if settings.http_workers > 1:
             # uvicorn's processes build the app from the environment (and seal themselves, app_from_env).
             os.environ.update(settings_env(settings))

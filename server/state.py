@@ -5,6 +5,8 @@ processes stay consistent within seconds."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -16,11 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from ..candidate import canonical_json
+from ..schedule import Schedule
 from ..store import Store, open_store
 from ..store.queue import JobQueue, optuna_storage
 from ..store.registry import KernelRecord, Registry
+from ..store.repository import StoredBest
+from ..workload import untimed_note
 from . import kernels as kernel_files
 from .config import Settings
+from .schemas import BestPublic
 from .security import ADMIN, Principal, hash_token
 
 _log = logging.getLogger(__name__)
@@ -87,6 +93,7 @@ class Services:
         self._auth: TTLCache[Any] = TTLCache(settings.auth_cache_ttl)
         self._kernels: TTLCache[Any] = TTLCache(5.0)
         self.best_cache: TTLCache[CachedAnswer] = TTLCache(settings.best_cache_ttl)
+        self._problems: dict[tuple[str, str, str | None], str | CachedAnswer] = {}  # see _canonical_problem
         self._raw_queries: dict[tuple[Any, ...], set[bytes]] = {}  # lookup key -> the query strings that asked it
         self._query_key: dict[bytes, tuple[Any, ...]] = {}  # and back
         self._refreshing: set[tuple[Any, ...]] = set()
@@ -101,7 +108,9 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings) -> "Services":
-        store = open_store(settings.db, timeouts=settings.db_timeouts)
+        # A connection for each route thread, the two refreshers and the sweeper: under
+        # load none waits for a connection, and none is opened and closed per request.
+        store = open_store(settings.db, timeouts=settings.db_timeouts, pool_size=settings.threads + 3)
         services = cls(settings, store)
         try:
             services.register_kernel_dirs()
@@ -150,13 +159,24 @@ class Services:
         """The principal of a presented token, or None. Looked up by sha256; the
         token itself is never stored, cached or logged."""
         digest = hash_token(token)
+        found = self._checked(digest)
+        if found is None:
+            record = self.registry.token_by_hash(digest)
+            found = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
+        return None if found is _MISSING else found
+
+    def known_principal(self, token: str | None) -> Principal | None:
+        """The principal of a token found valid within the token cache's time to
+        live, without a query; None for any other (``authenticate`` checks those)."""
+        found = self._checked(hash_token(token)) if token else None
+        return None if found is _MISSING else found
+
+    def _checked(self, digest: str) -> Any:
+        """The bootstrap principal, or a check of the token cache (a principal or
+        _MISSING), or None when the token has not been checked within its TTL."""
         if self._bootstrap_hash is not None and secrets.compare_digest(digest, self._bootstrap_hash):
             return Principal(None, "bootstrap", (ADMIN,))
-        cached = self._auth.get(digest)
-        if cached is None:
-            record = self.registry.token_by_hash(digest)
-            cached = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
-        return None if cached is _MISSING else cached
+        return self._auth.get(digest)
 
     # --- best schedules ---------------------------------------------------------
     # Answers are kept as ready JSON bytes for best_cache_ttl seconds, and for up to
@@ -197,6 +217,10 @@ class Services:
             self.refresh_best(key)
         return entry[0]
 
+    def known_query(self, query: bytes) -> tuple[Any, ...] | None:
+        """The lookup key of a raw query string the route has answered, if any."""
+        return self._query_key.get(query)
+
     def refresh_best(self, key: tuple[Any, ...]) -> None:
         with self._refresh_lock:
             if key in self._refreshing:
@@ -224,13 +248,27 @@ class Services:
             self.best_cache.put(("raw", query), answer)
         return answer
 
+    def _canonical_problem(self, kernel: str, problem: str, registered: KernelRecord | None) -> str | CachedAnswer:
+        """The canonical JSON of a problem as given (or a 422), remembered per spelling
+        and registered source: parsing it took a seventh of an uncached lookup."""
+        key = (kernel, problem, registered.sha256 if registered else None)
+        found = self._problems.get(key)
+        if found is None:
+            try:
+                full, _ = kernel_files.normalize_problem(kernel, problem, registered.problem if registered else None)
+                found = canonical_json(full)
+            except ValueError as exc:
+                found = CachedAnswer(422, _error(str(exc)))
+            if len(self._problems) >= 10_000:
+                self._problems.clear()  # bounded: a flood of distinct spellings cannot grow memory
+            self._problems[key] = found
+        return found
+
     def _lookup_best(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
         registered = self.registered_kernel(kernel)
-        try:
-            full, _ = kernel_files.normalize_problem(kernel, problem, registered.problem if registered else None)
-        except ValueError as exc:
-            return CachedAnswer(422, _error(str(exc)))
-        problem_json = canonical_json(full)
+        problem_json = self._canonical_problem(kernel, problem, registered)
+        if isinstance(problem_json, CachedAnswer):
+            return problem_json
         # One source of the kernel, never a mix: the one asked for, else the registered
         # file's, else the only one that has results here.
         if source_hash is None and registered is not None:
@@ -241,34 +279,37 @@ class Services:
                 return CachedAnswer(409, _error(f"results of several sources of {kernel} at {problem_json} on {device!r}; "
                                                 "choose one with source_hash"))  # fmt: skip
             source_hash = sources[0] if sources else None
-        best = self.registry.best(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
+        best = self.store.best_stored(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
-            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
-        trial, key = best.trial, best.key
-        timing = trial.result.timing
-        assert timing is not None
-        body = {
-            "kernel": key.kernel,
-            "problem": json.loads(key.problem),
-            "device": key.device,
-            "source_hash": key.source_hash,
-            "workload": key.to_json(),
-            "candidate_hash": trial.candidate.hash,
-            "candidate": trial.candidate.to_json(),
-            "lowering": trial.candidate.lowering.value,
-            "median_ms": timing.median_ms,
-            "p20_ms": timing.p20_ms,
-            "p80_ms": timing.p80_ms,
-            "reps": timing.reps,
-            "tflops": trial.result.tflops,
-            "tilelang": trial.candidate.schedule.to_source() if trial.candidate.schedule else None,
-            "updated_at": trial.updated_at.isoformat(),
-        }
-        data = json.dumps(body, separators=(",", ":")).encode()
+            stored = [k for _, k in self.store.find_workloads(kernel=kernel, source_hash=source_hash, problem=problem_json)]
+            why = untimed_note(device, stored)  # e.g. only compile-only results: workers without a GPU time nothing
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{why}"))
         # The ETag names the stored row's version: it changes when a faster trial
         # wins or this one is re-measured, whichever server process answers.
-        tag = hashlib.sha256(f"{best.trial_id}:{trial.updated_at.isoformat()}:{trial.candidate.hash}".encode()).hexdigest()[:32]
-        return CachedAnswer(200, data, f'"{tag}"')
+        tag = hashlib.sha256(f"{best.trial_id}:{best.updated_at.isoformat()}:{best.candidate_hash}".encode()).hexdigest()[:32]
+        return CachedAnswer(200, best_json(best), f'"{tag}"')
+
+
+def best_json(best: StoredBest) -> bytes:
+    """BestPublic as JSON, from the stored row and canonical JSON: the candidate is
+    not re-created, its hash not recomputed."""
+    key = best.key
+    schedule = json.loads(best.schedule_json) if best.schedule_json is not None else None
+    public = BestPublic.model_construct(
+        kernel=key.kernel, problem=json.loads(key.problem), device=key.device, source_hash=key.source_hash,
+        workload={f.name: getattr(key, f.name) for f in dataclasses.fields(key)}, candidate_hash=best.candidate_hash,
+        candidate={"lowering": best.lowering, "params": json.loads(best.params_json), "schedule": schedule},
+        lowering=best.lowering, median_ms=best.median_ms, p20_ms=best.p20_ms, p80_ms=best.p80_ms, reps=best.reps,
+        tflops=best.tflops, tilelang=_tilelang(best.schedule_json) if best.schedule_json is not None else None,
+        updated_at=best.updated_at,
+    )  # fmt: skip
+    return BestPublic.__pydantic_serializer__.to_json(public)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tilelang(schedule_json: str) -> str:
+    """A schedule's TileLang code, by its canonical JSON (a stored schedule never changes)."""
+    return Schedule.from_json(json.loads(schedule_json)).to_source()
 
 
 def _error(detail: str) -> bytes:

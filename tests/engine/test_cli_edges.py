@@ -1,0 +1,175 @@
+"""The command line's rough edges, as a newcomer meets them, run as real
+subprocesses: every bad input is one line on stderr and exit code 2, and
+nothing is created on the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from test_cli import SHAPE, assert_one_line_error, ws_tune
+from ws_tuner.database_url import check_db_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("env", [False, True])
+def test_a_db_that_is_neither_url_nor_sqlite_path_is_refused_and_nothing_is_created(tmp_path, env):
+    args, extra = (["db", "current"], {"WS_TUNE_DB": "not a url"}) if env else (["db", "current", "--db", "not a url"], {})
+    proc = ws_tune(*args, cwd=tmp_path, env=extra)
+    assert_one_line_error(proc, "'not a url' is neither a database URL")
+    assert ("WS_TUNE_DB" if env else "--db") in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unsupported_scheme_names_what_is_supported(tmp_path):
+    proc = ws_tune("db", "current", "--db", "mysql://root:hunter2@localhost/db", cwd=tmp_path)
+    assert_one_line_error(proc, "unsupported database mysql://")
+    assert "hunter2" not in proc.stderr and "PostgreSQL" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "given, spelled",
+    [
+        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("results.db", "results.db"),
+        ("sqlite:///x", "sqlite:///x"),
+    ],
+)
+def test_database_spellings(given, spelled):
+    assert check_db_url(given) == spelled
+
+
+@pytest.mark.postgres
+def test_postgres_scheme_opens_postgresql(pg_database, tmp_path):
+    url = pg_database.set(drivername="postgres").render_as_string(hide_password=False)
+    proc = ws_tune("db", "upgrade", "--db", url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "is at schema revision" in proc.stdout
+
+
+def test_a_taken_port_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = ws_tune("serve", "--port", str(port), "--db", str(tmp_path / "s.db"), "--workers", "0")
+    assert_one_line_error(proc, f"port {port} on 127.0.0.1 is in use")
+
+
+@pytest.mark.parametrize("typo, suggestion", [("spcae", "space"), ("bset", "best"), ("serev", "serve")])
+def test_a_mistyped_command_is_not_read_as_a_kernel_file(typo, suggestion, example_path):
+    proc = ws_tune(typo, str(example_path), "--shape", SHAPE)
+    assert_one_line_error(proc, f"unknown command {typo!r}; did you mean {suggestion}?")
+
+
+def test_a_word_like_no_command_lists_the_commands(example_path):
+    proc = ws_tune("frobnicate", str(example_path))
+    assert_one_line_error(proc, "unknown command 'frobnicate' (commands: ")
+    assert "space" in proc.stderr
+
+
+def test_version():
+    from ws_tuner import __version__
+
+    proc = ws_tune("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"ws-tune {__version__}"
+
+
+def _commands(group, prefix=""):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _commands(command, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", command
+
+
+def test_every_argument_and_option_has_help():
+    from ws_tuner.cli import app
+
+    missing = [
+        f"{path}: {param.name}"
+        for path, command in _commands(typer.main.get_command(app))
+        for param in command.params
+        if not getattr(param, "hidden", False) and not (getattr(param, "help", None) or "").strip()
+    ]
+    assert missing == []
+
+
+def test_export_help_says_what_each_option_is():
+    proc = ws_tune("export", "--help", env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("Kernel file that was tuned", "JSON file to write", "How many of the fastest", "Device whose results"):
+        assert needle in proc.stdout, proc.stdout
+
+
+def test_export_with_nothing_stored_exits_1_like_best_and_writes_nothing(tmp_path, example_path):
+    db, out = tmp_path / "r.db", tmp_path / "best.json"
+    for command in (["best"], ["export", "-o", str(out)]):
+        proc = ws_tune(*command, str(example_path), "--shape", SHAPE, "--db", str(db), "--device", "compile-only")
+        assert_one_line_error(proc, "no timed result stored for gemm", code=1)
+        assert "compile-only tunings (no GPU) verify and build candidates but time nothing" in proc.stderr
+    assert not out.exists()
+
+
+def test_untimed_note_names_what_is_stored():
+    from ws_tuner.workload import COMPILE_ONLY_DEVICE, Environment, WorkloadKey, untimed_note
+
+    def key(device):
+        return WorkloadKey.make("k", "ab" * 32, {"M": 1}, Environment("sm_90a", device, "t", "c", "d"))
+
+    assert untimed_note("NVIDIA H200", []) == ""
+    note = untimed_note("NVIDIA H200", [key(COMPILE_ONLY_DEVICE), key("NVIDIA H100"), key("NVIDIA H200")])
+    assert "time nothing" in note and "results exist for device 'NVIDIA H100'" in note and "H200" not in note
+
+
+# --- service settings -------------------------------------------------------------
+
+
+def _serve(tmp_path, env, db=True):
+    return ws_tune("serve", *(["--db", str(tmp_path / "s.db")] if db else []), "--workers", "0", "--port", "1", cwd=ROOT, env=env)
+
+
+def test_a_typo_in_the_config_file_names_the_setting(tmp_path):
+    config = tmp_path / "service.toml"
+    config.write_text((ROOT / "configs" / "service.toml").read_text() + "\nheartbeat_intervall = 2.0\n")
+    proc = _serve(tmp_path, {"WS_TUNE_CONFIG": str(config)})
+    assert_one_line_error(proc, f"unknown setting 'heartbeat_intervall' in {config}; did you mean heartbeat_interval?")
+
+
+def test_an_unknown_ws_tune_variable_names_the_nearest(tmp_path):
+    proc = _serve(tmp_path, {"WS_TUNE_GRACE_PERIOUD": "3"})
+    assert_one_line_error(proc, "unknown environment variable WS_TUNE_GRACE_PERIOUD; did you mean WS_TUNE_GRACE_PERIOD?")
+
+
+def test_the_shipped_config_and_env_example_load(monkeypatch):
+    from ws_tuner.server.config import load_settings
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("WS_TUNE_CONFIG", str(ROOT / "configs" / "service.toml"))
+    assert load_settings().kernel_dirs == [Path("examples")]
+    monkeypatch.delenv("WS_TUNE_CONFIG")
+    example = ROOT / "configs" / "service.env.example"
+    for line in example.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            if value:
+                monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.db.startswith("postgresql+psycopg://") and settings.grace == 15.0
+
+
+def test_a_bad_db_in_the_service_settings_is_one_line(tmp_path):
+    proc = _serve(tmp_path, {"WS_TUNE_DB": "oops"}, db=False)
+    assert_one_line_error(proc, "'oops' is neither a database URL")

@@ -1,0 +1,84 @@
+"""The best-schedule lookup (``Store.best_stored``): the exact rank order across
+toolchains, the reference lowering never the answer, and a plan that reads the
+rank index in order (no sort: the cost does not grow with the workload)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sqlalchemy import text
+
+from ws_tuner.candidate import Lowering, canonical_json
+from ws_tuner.result import Status
+from ws_tuner.store import Store
+from ws_tuner.store.repository import _BEST_AT
+
+
+def _lookup(store: Store, key: Any) -> Any:
+    return store.best_stored(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+
+
+def test_best_follows_the_rank_order(store: Store, factories: Any) -> None:
+    key = factories.key()
+    wid = store.workload_id(key)
+    cands = [factories.candidate(i) for i in range(6)]
+
+    def commit(i: int, ms: float | None, ratio: float | None = None, confirmed: bool = False, status: Status = Status.OK) -> None:
+        result = factories.result(cands[i], status, ms, ratio=ratio, confirmed=confirmed)
+        store.commit_trial(workload_id=wid, candidate=cands[i], result=result)
+
+    commit(0, 0.1)  # fastest, but without a ratio: after every ratio
+    commit(1, 0.6, ratio=0.8)
+    commit(2, 0.5, ratio=0.8)  # equal ratio: the faster
+    commit(3, 0.5, ratio=0.8)  # equal ratio and time: the first stored
+    commit(4, None, status=Status.TIMEOUT)
+    reference = factories.candidate(9, Lowering.REFERENCE)
+    store.commit_trial(workload_id=wid, candidate=reference, result=factories.result(reference, Status.OK, 0.01, ratio=0.1, confirmed=True))
+
+    best = _lookup(store, key)
+    assert best is not None and best.candidate_hash == cands[2].hash and best.key == key
+    assert best.params_json == canonical_json(cands[2].param_dict)
+    assert best.schedule_json == canonical_json(cands[2].schedule.to_json()) and best.lowering == "ws"
+    assert (best.median_ms, best.reps) == (0.5, 50)
+
+    commit(5, 2.0, ratio=1.5, confirmed=True)  # confirmed in the final tournament: first of all
+    assert _lookup(store, key).candidate_hash == cands[5].hash
+
+    # Another toolchain's workload of the same (kernel, source, problem, device) competes by the same order.
+    other = dataclasses.replace(key, tilelang_version="0.1.16")
+    other_id = store.workload_id(other)
+    newer = factories.candidate(7)
+    store.commit_trial(workload_id=other_id, candidate=newer, result=factories.result(newer, Status.OK, 3.0, ratio=1.2, confirmed=True))
+    found = _lookup(store, key)
+    assert found.candidate_hash == newer.hash and found.key == other
+    assert _lookup(store, dataclasses.replace(key, device="NVIDIA B200")) is None
+
+
+def test_only_the_reference_is_no_answer(store: Store, factories: Any) -> None:
+    key = factories.key()
+    wid = store.workload_id(key)
+    reference = factories.candidate(0, Lowering.REFERENCE)
+    store.commit_trial(workload_id=wid, candidate=reference, result=factories.result(reference, Status.OK, 0.5))
+    assert _lookup(store, key) is None
+    baseline = factories.candidate(1, Lowering.DEFAULT)
+    store.commit_trial(workload_id=wid, candidate=baseline, result=factories.result(baseline, Status.OK, 0.9))
+    found = _lookup(store, key)
+    assert found.candidate_hash == baseline.hash and found.schedule_json is None
+
+
+def test_best_reads_the_rank_index_in_order(store: Store) -> None:
+    """The plan has no sort: the index gives RANK_ORDER column for column. On
+    PostgreSQL sorting is made prohibitively dear, so a sort in the plan means
+    the index cannot give the order (whatever the table's size)."""
+    with store.engine.connect() as connection:
+        where = _BEST_AT.params(kernel="gemm", source_hash="ab", problem="{}", device="NVIDIA H200")
+        statement = str(where.compile(connection, compile_kwargs={"literal_binds": True}))
+        if store.dialect == "sqlite":
+            plan = [row[-1] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}")]
+        else:
+            connection.execute(text("SET LOCAL enable_sort = off"))
+            connection.execute(text("SET LOCAL enable_seqscan = off"))
+            plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {statement}")]
+    assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
+    assert not any("Sort" in line or "TEMP B-TREE" in line for line in plan), plan
