@@ -18,8 +18,9 @@ the seed, so samplers see a stable space:
 
 Static rules prune a point before anything is built and say why: the
 kernel's ``check``, shared memory, the seed's dependences and deadlock
-freedom (see seed.py), threads per block, whether each role's warps can
-split its MMA accumulators, setmaxnreg alignment and the 64K-register pool. Pruning is hierarchical, and counting multiplies instead
+freedom (see seed.py), threads per block, and (rules.py) whether each
+role's warps can split its MMA accumulators, setmaxnreg alignment and the
+64K-register pool. Pruning is hierarchical, and counting multiplies instead
 of enumerating the register budgets, so a space of 10^6 points counts in
 seconds.
 
