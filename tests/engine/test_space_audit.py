@@ -79,3 +79,16 @@ def test_wrong_fraction_counts_the_search_measured_in_this_run():
     report.records += _record(SEARCH, Status.WRONG, 7, cached=True)  # an earlier run's
     assert report.wrong_fraction == pytest.approx(3 / 50)
     assert _load("harness").summary_row(report)["wrong_fraction"] == 0.06  # the benchmarks' summary row
+
+
+def test_the_cli_summary_reports_the_wrong_fraction(capsys):
+    from types import SimpleNamespace
+
+    from ws_tuner.cli.tuning import _print_report
+
+    key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
+    report = TuneReport(key, 0, compile_only=False)
+    report.records += _record(SEARCH, Status.OK, 3) + _record(SEARCH, Status.WRONG, 1)
+    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k")))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "WRONG (of the searched)" in ln)
+    assert "25.0%" in line
