@@ -22,7 +22,6 @@ from ws_tuner.builder import LocalBuilder
 from ws_tuner.candidate import Lowering
 from ws_tuner.pipeline import TrialRecord, TuneReport
 from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
-from ws_tuner.result import Status
 from ws_tuner.store import open_store
 from ws_tuner.task import Task
 from ws_tuner.tune import TuneOptions, Tuner
@@ -62,8 +61,6 @@ def summary_row(report: TuneReport) -> dict[str, Any]:
 
     tilelang = max((k for k in ("default", "role_based") if k in best), key=lambda k: best[k].result.tflops, default=None)
     measured = [r for r in report.records if not r.cached]
-    search_done = [r for r in measured if r.role == "search"]
-    wrong = sum(r.result.status is Status.WRONG for r in search_done)
     ws = best.get("ws")
     return {
         "problem": json.loads(report.key.problem),
@@ -85,7 +82,7 @@ def summary_row(report: TuneReport) -> dict[str, Any]:
         "trials": len(report.records),
         "measured": len(measured),
         "shared": report.shared,
-        "wrong_fraction": round(wrong / len(search_done), 4) if search_done else None,
+        "wrong_fraction": round(report.wrong_fraction, 4) if report.wrong_fraction is not None else None,
         "wall_s": round(report.wall_seconds, 1),
         "search_s": round(report.search_seconds, 1),
         "tournament_s": round(report.tournament_seconds, 1),

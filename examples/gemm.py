@@ -18,6 +18,11 @@ the wait that retires the wgmma. The plain program (what tilelang's own
 lowerings build from it) does not know this protocol: only the sync form is
 a fair input to them.
 
+With ``epilogue="smem"`` the epilogue is two ops, registers -> shared
+("stage_out") and a TMA store to global ("store_out"): in the persistent
+kernel the schedule space may run the store in a warp of its own, so that it
+overlaps the next tile's main loop.
+
     ws-tune examples/gemm.py --shape M=4096,N=4096,K=4096
 """
 
@@ -113,14 +118,15 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             producer = [A("smem", 0), "load_A", "load_B", C("smem", 0)]
             pipelines = [T.WSPipeline("smem", [A_shared, B_shared], depth=stages)]
         loop_k = T.WSScope("loop_k", {"Consumer": consumer, "Producer": producer})
+        store = ["stage_out", "store_out"] if smem_epilogue else ["store"]
         if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
             scopes = [
                 loop_k,
-                T.WSScope("loop_tiles", {"Consumer": ["tile", "clear", "loop_k", "store", "next"], "Producer": ["tile", "loop_k", "next"]}),
+                T.WSScope("loop_tiles", {"Consumer": ["tile", "clear", "loop_k", *store, "next"], "Producer": ["tile", "loop_k", "next"]}),
                 T.WSScope(T.WSScope.ROOT, {"Consumer": ["first", "loop_tiles"], "Producer": ["first", "loop_tiles"]}),
             ]
         else:
-            scopes = [loop_k, T.WSScope(T.WSScope.ROOT, {"Consumer": ["clear", "loop_k", "store"], "Producer": ["loop_k"]})]
+            scopes = [loop_k, T.WSScope(T.WSScope.ROOT, {"Consumer": ["clear", "loop_k", *store], "Producer": ["loop_k"]})]
         return T.WSSchedule(
             num_warps=consumer_warps + 4,
             roles=[
@@ -159,12 +165,11 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                         T.wait_wgmma(0)
             else:
                 T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
-        with T.ws_op("store"):
-            if smem_epilogue:
-                T.copy(C_local, C_shared)
-                T.copy(C_shared, C[bm * block_M, bn * block_N])
-            else:
-                T.copy(C_local, C[bm * block_M, bn * block_N])
+        if smem_epilogue:  # two ops: the space may give the TMA store a role of its own
+            T.copy(C_local, C_shared, annotations={T.WSID: "stage_out"})
+            T.copy(C_shared, C[bm * block_M, bn * block_N], annotations={T.WSID: "store_out"})
+        else:
+            T.copy(C_local, C[bm * block_M, bn * block_N], annotations={T.WSID: "store"})
 
     tile = T.macro(tile)
 

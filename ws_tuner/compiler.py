@@ -208,6 +208,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
     reads: set[str] = set()
     writes: set[str] = set()
     issues = retires = False
+    tiles: list[tuple[int, int]] = []
     through_region: set[int] = set()  # loads that name a tile op's region, not a read
     calls: list[Any] = []
     stmt_functor.post_order_visit(stmt, lambda n: calls.append(n) if isinstance(n, tvm.tirx.Call) else None)
@@ -225,6 +226,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
             wait = int(dict(getattr(call, "annotations", {}) or {}).get("wg_wait", 0))
             issues = issues or wait != 0 or name != "tl.tileop.gemm"
             retires = retires or wait > 0
+            tiles += _accumulator_tiles(call)
         elif name in ASYNC_RETIRE_OPS:
             retires = True
 
@@ -243,7 +245,19 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)
-    return OpAccess(frozenset(reads), frozenset(writes), issues, retires)
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(tiles))
+
+
+def _accumulator_tiles(mma: Any) -> list[tuple[int, int]]:
+    """(rows, columns) of the fragments an MMA call writes, where they are static."""
+    out = []
+    for arg in mma.args:
+        op = getattr(getattr(arg, "op", None), "name", "")
+        if op == "tl.region" and int(arg.args[1]) & 2 and "fragment" in arg.args[0].buffer.scope():
+            shape = [getattr(d, "value", None) for d in arg.args[0].buffer.shape]
+            if len(shape) == 2 and all(isinstance(d, int) for d in shape):
+                out.append((shape[0], shape[1]))
+    return out
 
 
 def _text(value: Any) -> str:

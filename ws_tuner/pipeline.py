@@ -134,6 +134,13 @@ class TuneReport:
             out[r.result.status.value] = out.get(r.result.status.value, 0) + 1
         return out
 
+    @property
+    def wrong_fraction(self) -> float | None:
+        """Of the candidates the search measured in this run, the share the correctness
+        gate stored as WRONG (issue 9's goal: under 2%); None when none was measured."""
+        searched = [r for r in self.records if r.role != BASELINE and not r.cached]
+        return sum(r.result.status is Status.WRONG for r in searched) / len(searched) if searched else None
+
     @staticmethod
     def _best(records: Iterable[TrialRecord]) -> TrialRecord | None:
         ok = [r for r in records if r.result.status is Status.OK and r.result.timing]

@@ -64,12 +64,14 @@ class OpAccess:
     """What one op (or loop) of the kernel reads and writes: allocated buffers
     by name, scalar variables it binds as "$name". ``issues_async``: it starts
     work that finishes later (an async MMA); ``retires_async``: it waits for
-    such work of its role to finish."""
+    such work of its role to finish. ``mma_tiles``: the (rows, columns) of each
+    accumulator an MMA in it writes (its role's warps must split them)."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
     issues_async: bool = False
     retires_async: bool = False
+    mma_tiles: tuple[tuple[int, int], ...] = ()
 
     @property
     def touched(self) -> frozenset[str]:

@@ -83,6 +83,11 @@ class Seed:
         return {role for s in self.schedule.scopes for role, body in s.bodies if op in body}
 
     @functools.cached_property
+    def mma_tiles(self) -> dict[str, frozenset[tuple[int, int]]]:
+        """Per role: the accumulator tiles its MMAs write (its warps must split each)."""
+        return {r: frozenset(t for op in self._ops_of(r) for t in self.access(op).mma_tiles) for r in self.role_names}
+
+    @functools.cached_property
     def async_resources(self) -> dict[str, frozenset[str]]:
         """Per role: what its asynchronous MMAs touch until a wait retires them."""
         return {r: frozenset().union(*(self.access(op).touched for op in self._ops_of(r) if self.access(op).issues_async)) for r in self.role_names}

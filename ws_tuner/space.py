@@ -18,7 +18,8 @@ the seed, so samplers see a stable space:
 
 Static rules prune a point before anything is built and say why: the
 kernel's ``check``, shared memory, the seed's dependences and deadlock
-freedom (see seed.py), threads per block, setmaxnreg alignment and the
+freedom (see seed.py), threads per block, and (rules.py) whether each
+role's warps can split its MMA accumulators, setmaxnreg alignment and the
 64K-register pool. Pruning is hierarchical, and counting multiplies instead
 of enumerating the register budgets, so a space of 10^6 points counts in
 seconds.
@@ -36,16 +37,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Schedule
+from .rules import MAX_THREADS, mma_reason, register_reason
+from .schedule import THREADS_PER_WARP, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
 from .variant import Plan, Variants
 
 __all__ = ["MERGED", "SEED", "SEPARATE", "Point", "PointInfo", "ScheduleSpace", "SeedShape", "SpaceConfig", "SpaceCount", "Split", "register_reason"]
 
-REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
-MAX_THREADS = 1024
-PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
 BARRIER_BYTES = 16  # a full and an empty mbarrier per version
 
 
@@ -391,6 +390,9 @@ class ScheduleSpace:
         roles, num_warps = shape.roles(label, shape.plan(shape.layouts()[0]), [r.max_nreg for r in shape.seed.roles])
         if num_warps * THREADS_PER_WARP > MAX_THREADS:
             return f"threads: {num_warps * THREADS_PER_WARP} > {MAX_THREADS} per block"
+        reason = mma_reason(roles, shape.analysis.mma_tiles)
+        if reason:
+            return reason
         reason = self._check(dict(params), shape.seed.with_(num_warps=num_warps, roles=roles))
         return f"kernel: {reason}" if reason else None
 
@@ -400,24 +402,3 @@ class ScheduleSpace:
             roles, num_warps = shape.roles(label, plan, nregs)
             self._register_reasons[key] = register_reason(Schedule(num_warps, roles, ()))
         return self._register_reasons[key]
-
-
-def register_reason(schedule: Schedule) -> str | None:
-    """Static register rules of a schedule: alignment of budgets, the ptxas cap, the register file."""
-    per_wg: dict[int, set[int]] = {}
-    for role in schedule.roles:
-        if role.warp_lo < 0 or role.warp_hi > schedule.num_warps or role.warp_lo >= role.warp_hi:
-            return f"alignment: role {role.name} warps [{role.warp_lo},{role.warp_hi}) outside [0,{schedule.num_warps})"
-        if role.max_nreg > PTXAS_MAX_NREG:
-            return f"nreg: {role.name} max_nreg {role.max_nreg} > {PTXAS_MAX_NREG} (ptxas rejects it)"
-        for wg in role.warpgroups():
-            per_wg.setdefault(wg, set()).add(role.max_nreg)
-    mixed = next((wg for wg, values in per_wg.items() if len(values) > 1), None)
-    if mixed is not None:
-        return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(per_wg[mixed])}"
-    default = REGISTER_FILE // schedule.threads  # what a warpgroup keeps without setmaxnreg
-    groups = schedule.num_warps // WARPS_PER_GROUP
-    budget = sum((next(iter(per_wg.get(wg, {0}))) or default) for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP
-    if budget > REGISTER_FILE:
-        return f"registers: sum of nreg x threads = {budget} > {REGISTER_FILE}"
-    return None

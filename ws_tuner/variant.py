@@ -181,7 +181,7 @@ class Variants:
         for i in self.seed.body(scope, role):
             names = [pipe_of[b] for b in self.seed.pipelines[i.pipeline].buffers] if isinstance(i, Sync) else []
             names += [m.pipeline for m in moves if (m.scope, m.role) == key and isinstance(i, str) and i in self._writers(m)]
-            seen += [n for n in names if n not in seen]
+            seen += [n for n in dict.fromkeys(names) if n not in seen]  # a pipeline of several buffers counts once
         return seen
 
     def _writers(self, move: Movable) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig, register_reason
+from ws_tuner.rules import mma_reason, register_reason
+from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,10 +130,10 @@ def test_every_rule_names_its_reason(space, gemm_spec):
     assert space.candidate(Point(GEMM_PARAMS, two_wg, MERGED, (3,), (), (256, 40))).startswith("nreg:")
     assert space.candidate(Point(GEMM_PARAMS, "2xWG+warpgroup@last", MERGED, (3,), (), (240, 56))).startswith("registers:")
     assert space.candidate(Point(GEMM_PARAMS, two_wg, SEPARATE, (1, 3), (0, 1), (232, 40))).startswith("deadlock:")
-    assert space.candidate(Point(GEMM_PARAMS, "3xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("kernel:")
+    assert space.candidate(Point(GEMM_PARAMS, "3xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("mma:")  # 12 warps, 128x256
     assert space.candidate(Point(GEMM_PARAMS, "9xWG+warp@last", MERGED, (3,), (), (160, 40))).startswith("point:")
     odd = (("block_K", 64), ("block_M", 192), ("block_N", 256), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
-    assert "not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
+    assert "kernel: M=4000 is not a multiple" in Task.make(gemm_spec, gemm_spec.parse_problem("M=4000,N=4096,K=4096")).space().candidate(
         Point(odd, two_wg, MERGED, (3,), (), (232, 40))
     )
 
@@ -147,6 +149,26 @@ def test_register_rules_on_hand_written_schedules():
     # The pool is per warpgroup of 128 threads: three consumer warpgroups at 152 and a producer one at 40 fit; at 160 they do not.
     assert register_reason(sched(Role("c", 0, 12, 152), Role("p", 12, 13, 40), warps=16)) is None
     assert "66560" in register_reason(sched(Role("c", 0, 12, 160), Role("p", 12, 13, 40), warps=16))
+
+
+def test_mma_rule_on_hand_written_roles():
+    tiles = {"c": frozenset({(128, 128)})}
+    assert mma_reason([Role("c", 0, 8)], tiles) is None  # 4 x 2 warps of 32 x 64
+    assert "12 warps cannot split its 128x128" in mma_reason([Role("c", 0, 12)], tiles)  # 4 x 3: 128 / 24 columns; 12 x 1: 128 / 192 rows
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(192, 256)})}) is None  # 12 x 1 warps of 16 x 256
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(32, 128)})}) is None  # under 64 rows: not a warpgroup MMA
+    assert mma_reason([Role("p", 0, 1)], tiles) is None  # a role without MMAs
+
+
+def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
+    """chain_gemm has no check(): only the space knows that 12 warps cannot split its 128x128 tile."""
+    space = seeds["chain_gemm.py"].space()
+    params = (("block_K", 64), ("block_M", 128), ("block_N", 128))
+    shape = space.shape(params)
+    assert shape.analysis.mma_tiles["Worker"] == {(128, 128)}
+    assert space.split_reason(params, shape, "3xWG+warp@last").startswith("mma:")
+    assert space.split_reason(params, shape, "2xWG+warp@last") is None
+    assert "mma" in space.count().pruned
 
 
 def test_threads_rule(gemm_spec):
@@ -410,3 +432,74 @@ def test_the_deadlock_model_agrees_with_the_verifier(space, gemm_task):
             verdicts["model"] += model is not None
             verdicts["verifier"] += verifier is not None and "deadlock" in verifier
     assert verdicts["model"] == verdicts["verifier"] > 0
+
+
+# --- the GEMM example's async seed and persistent epilogue ---------------------
+
+ASYNC_PERSISTENT = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "smem"), ("mma", "async"), ("persistent", True), ("swizzle", 8))
+
+
+@pytest.fixture(scope="module")
+def gemm_full(gemm_spec):
+    return Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"))
+
+
+def test_a_pipeline_of_several_buffers_is_one_span(gemm_full):
+    """The async seed's "smem" holds A and B: each rebuilt body has one span of it
+    at every stage choice (not one per buffer, which the verifier rejects)."""
+    space = gemm_full.space()
+    shape = space.shape(ASYNC_PERSISTENT)
+    plan = shape.plan(shape.analysis.seed_layout)
+    assert [c.name for c in plan.stage_choices] == ["stage.Consumer.smem/token[0,1 0,2]"]
+    seed = space.seed_point(ASYNC_PERSISTENT)
+    prepared, _ = compiler.prepare(gemm_full.primfunc(dict(ASYNC_PERSISTENT)))
+    for stages in shape.stage_choices(plan):
+        for body in shape.variants.bodies(plan, stages).values():
+            syncs = [(i.kind, i.pipeline) for i in body if isinstance(i, Sync)]
+            assert len(syncs) == len(set(syncs)), (stages, body)
+        # The token two stages behind is the kernel's check to refuse; the verifier takes it.
+        compiler.verify(compiler.attach(prepared, shape.schedule(Point(ASYNC_PERSISTENT, seed.roles, seed.layout, seed.depths, stages, seed.nregs))))
+
+
+@pytest.mark.parametrize("mma", ["sync", "async"])
+def test_the_persistent_gemm_epilogue_can_get_a_role_of_its_own(gemm_full, mma):
+    space = gemm_full.space()
+    params = tuple((k, mma if k == "mma" else v) for k, v in ASYNC_PERSISTENT)
+    shape = space.shape(params)
+    assert shape.movable == ("store_out",)
+    one_tile = tuple((k, False if k == "persistent" else v) for k, v in params)
+    assert space.shape(one_tile).movable == ()  # the store runs once, in the root scope: nothing to overlap
+    seed = space.seed_point(params)
+    plan = shape.plan(seed.layout, ("store_out",))
+    point = Point(params, seed.roles, seed.layout, (3, 1), seed.stages, (*seed.nregs, 40), ("store_out",))
+    cand = space.candidate(point)
+    assert isinstance(cand, Candidate), cand
+    assert plan.varied == ("smem", "C_shared")
+    tiles = next(s for s in cand.schedule.scopes if s.id == "loop_tiles")
+    assert tiles.body("store_out") == ("tile", Sync("CONSUMER_WAIT", "C_shared"), "store_out", Sync("CONSUMER_RELEASE", "C_shared"), "next")
+    assert tiles.body("Consumer") == ("tile", "clear", "loop_k", Sync("PRODUCER_ACQUIRE", "C_shared"), "stage_out", Sync("PRODUCER_COMMIT", "C_shared"), "next")
+    verify(gemm_full, cand)
+
+
+@pytest.mark.slow
+def test_the_epilogue_role_waits_for_its_store_before_freeing_the_buffer(gemm_full, tmp_path, monkeypatch):
+    """In the generated code (nvcc for sm_90a): the consumer fences its shared
+    writes for the TMA (async proxy) before handing C_shared over, and the
+    store warp waits until its TMA store has read C_shared before freeing it."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))
+    space = gemm_full.space()
+    params = tuple((k, {"mma": "sync", "block_N": 128}.get(k, v)) for k, v in ASYNC_PERSISTENT)
+    seed = space.seed_point(params)
+    cand = space.candidate(Point(params, seed.roles, seed.layout, (3, 2), seed.stages, (*seed.nregs, 40), ("store_out",)))
+    func, configs = gemm_full.lowered(cand)
+    source = compiler.compile_kernel(func, configs).get_kernel_source()
+
+    def at(pattern: str, start: int = 0) -> int:
+        found = re.compile(pattern).search(source, start)
+        assert found, pattern
+        return found.start()
+
+    handed_over = at(r"C_shared_full\[[^;]*\]\.arrive\(\)", at(r"C_shared_empty\[[^;]*\]\.wait\("))
+    assert "fence_proxy_async" in source[at(r"C_shared_empty\[[^;]*\]\.wait\(") : handed_over]
+    taken = at(r"C_shared_full\[[^;]*\]\.wait\(")
+    assert taken < at(r"tma_store\(", taken) < at(r"tma_store_wait", taken) < at(r"C_shared_empty\[[^;]*\]\.arrive\(\)", taken)

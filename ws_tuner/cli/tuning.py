@@ -101,6 +101,8 @@ def _print_report(report: Any, task: Any) -> None:
         table.add_row(status, str(n))
     if report.pruned:
         table.add_row("pruned (static rules)", str(report.pruned))
+    if report.wrong_fraction is not None:  # schedules the correctness gate caught: the space should not make them
+        table.add_row("WRONG (of the searched)", f"{report.wrong_fraction:.1%}")
     cached = sum(r.cached for r in report.records)
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{report.shared} sharing another's generated code)")  # fmt: skip

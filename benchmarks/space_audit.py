@@ -1,0 +1,198 @@
+"""The schedule space of every kernel file, on a CPU: how big it is, and what
+becomes of a bounded random sample of its points (no GPU needed).
+
+    python benchmarks/space_audit.py [--samples 200] [--compile 3] [--jobs 2] [--out FILE] [FILE ...]
+
+Per kernel file (default: examples/ and tests/data/), at one problem:
+1. the space's size before and after static pruning (``ScheduleSpace.count``);
+2. whether the seed's own point rebuilds the seed's schedule and hash;
+3. ``--samples`` points drawn one decision at a time, uniformly (as a sampler
+   starts): each is pruned by a static rule, with its reason, or is a
+   candidate; and ``--survivors`` points drawn among the choices that survive
+   the static rules (``ScheduleSpace.random_point``). Every distinct
+   candidate goes through tilelang's real MaterializeWSSchedule verifier;
+4. ``--compile`` of the verified candidates (the seed's last) are built as
+   ``ws-tune --compile-only`` builds them: the verifier, then lowering and
+   nvcc for sm_90a, in a pool of ``--jobs`` processes.
+
+The fraction the verifier rejects is what the space generates and should
+not: the goal is none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ws_tuner import compiler
+from ws_tuner.builder import BuildInput, LocalBuilder
+from ws_tuner.candidate import Candidate
+from ws_tuner.kernel import KernelFileError, KernelSpec, load_kernel
+from ws_tuner.result import Status
+from ws_tuner.task import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+# Problems for the examples (the benchmarks' own); other files get 1024 for each required size.
+PROBLEMS = {
+    "attention.py": {"B": 4, "H": 16, "S": 4096, "D": 128, "causal": 0, "dtype": "float16"},
+    "gemm.py": {"M": 4096, "N": 4096, "K": 4096},
+}
+
+
+def kernel_files() -> list[Path]:
+    """The kernel files of examples/ and tests/data/ (their helper modules and broken files apart)."""
+    paths = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "data").glob("*.py"))
+    return [p for p in paths if task_for(p) is not None]
+
+
+def task_for(path: Path) -> Task | None:
+    """The file's task at its audit problem, or None where it is not a usable kernel file."""
+    try:
+        spec = load_kernel(path)
+        return Task.make(spec, spec.parse_problem(problem_for(spec)))
+    except KernelFileError:
+        return None
+
+
+def problem_for(spec: KernelSpec) -> dict[str, Any]:
+    given = PROBLEMS.get(spec.path.name, {})
+    return {k: given.get(k, 1024 if v is None else v) for k, v in spec.problem_defaults.items()}
+
+
+@dataclass
+class Audit:
+    kernel: str
+    problem: dict[str, Any]
+    total: int = 0  # points before static pruning
+    kept: int = 0  # after it
+    pruned_by: dict[str, int] = field(default_factory=dict)  # the whole space: rule -> points
+    seed_point_is_seed: bool | None = None  # at every kernel-parameter point with a seed
+    sampled: int = 0
+    sample_pruned: dict[str, int] = field(default_factory=dict)  # rule -> sampled points
+    survivors: int = 0  # points drawn among the static rules' survivors
+    distinct: int = 0  # distinct candidates among the sampled points and survivors
+    verified: int = 0
+    rejected: list[str] = field(default_factory=list)  # the verifier's messages
+    built: int = 0
+    compile_failed: list[str] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)  # what the space keeps as in the seed, and why
+    seconds: float = 0.0
+
+    @property
+    def rejected_fraction(self) -> float | None:
+        return len(self.rejected) / self.distinct if self.distinct else None
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self), "rejected_fraction": self.rejected_fraction}
+
+
+def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, jobs: int = 1, seed: int = 0) -> Audit:
+    """Counts, the seed point, a verified sample and a few nvcc builds of one task's space."""
+    start = time.perf_counter()
+    space = task.space()
+    out = Audit(task.spec.path.name, task.problem)
+    count = space.count()
+    out.total, out.kept, out.pruned_by = count.total, count.kept, dict(count.pruned)
+    out.seed_point_is_seed = all(_seed_point_is_seed(space, params) for params in space.param_points())
+    rng = random.Random(seed)
+    candidates: dict[str, Candidate] = {}
+    for _ in range(samples):
+        cand = space.candidate(space.sample(lambda name, options: rng.choice(tuple(options))))
+        out.sampled += 1
+        if isinstance(cand, str):
+            kind = cand.split(":", 1)[0]
+            out.sample_pruned[kind] = out.sample_pruned.get(kind, 0) + 1
+        else:
+            candidates.setdefault(cand.hash, cand)
+    for _ in range(survivors):
+        point = space.random_point(rng)
+        if point is None:
+            break
+        cand = space.candidate(point)
+        assert isinstance(cand, Candidate), cand  # random_point draws survivors only
+        out.survivors += 1
+        candidates.setdefault(cand.hash, cand)
+    out.distinct = len(candidates)
+    passed = []
+    for cand in candidates.values():
+        func, _ = task.lowered(cand)
+        try:
+            compiler.verify(func)
+            passed.append(cand)
+        except compiler.ScheduleRejected as exc:
+            out.rejected.append(f"{cand.describe()}: {exc}")
+    out.verified = len(passed)
+    if compile_n and passed:
+        seeds = {space.seed_candidate(p).hash for p in space.param_points() if not isinstance(space.shape(p), str)}
+        chosen = sorted(passed, key=lambda c: (c.hash in seeds, c.hash))[:compile_n]
+        with LocalBuilder(jobs=jobs, timeout=900) as builder:
+            results = builder.build([BuildInput(str(task.spec.path), task.spec.source_hash, task.problem, c) for c in chosen])
+        out.built = sum(r.status is Status.BUILT for r in results)
+        out.compile_failed = [f"{r.candidate.describe()}: {r.status.value}: {r.message}" for r in results if r.status is not Status.BUILT]
+    out.limits = space.limits()
+    out.seconds = round(time.perf_counter() - start, 1)
+    return out
+
+
+def _seed_point_is_seed(space: Any, params: Any) -> bool:
+    try:
+        shape = space.shape(params)
+    except compiler.CompilerError:
+        return True  # no seed at these parameters (role_based found nothing): nothing to rebuild
+    if isinstance(shape, str):
+        return True
+    seed = space.seed_candidate(params)
+    if shape.schedule(space.seed_point(params)) != seed.schedule:
+        return False
+    cand = space.candidate(space.seed_point(params))
+    return not isinstance(cand, Candidate) or cand.canonical() == seed.canonical()
+
+
+def table(rows: list[Audit]) -> str:
+    head = f"{'kernel':<24}{'points':>10}{'kept':>10}{'seed=seed':>10}{'sampled':>8}{'pruned':>8}{'surv.':>6}{'distinct':>9}{'rejected':>9}{'built':>7}  sample pruned by"
+    lines = [head]
+    for a in rows:
+        pruned = sum(a.sample_pruned.values())
+        by = ", ".join(f"{k} {n}" for k, n in sorted(a.sample_pruned.items(), key=lambda kv: -kv[1]))
+        built = f"{a.built}/{a.built + len(a.compile_failed)}"
+        lines.append(f"{a.kernel:<24}{a.total:>10}{a.kept:>10}{a.seed_point_is_seed!s:>10}{a.sampled:>8}{pruned:>8}{a.survivors:>6}{a.distinct:>9}{len(a.rejected):>9}{built:>7}  {by}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", type=Path, help="kernel files (default: examples/ and tests/data/)")
+    ap.add_argument("--samples", type=int, default=200, help="points drawn per kernel file")
+    ap.add_argument("--survivors", type=int, default=50, help="points drawn among the survivors of the static rules")
+    ap.add_argument("--compile", type=int, default=0, dest="compile_n", help="verified candidates per file built with nvcc")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    tasks = [(p, task_for(p)) for p in (args.files or kernel_files())]
+    bad = [str(p) for p, t in tasks if t is None]
+    if bad:
+        print(f"space_audit: not a usable kernel file: {', '.join(bad)}", file=sys.stderr)
+        return 2
+    rows = []
+    for path, task in tasks:
+        assert task is not None
+        rows.append(audit(task, samples=args.samples, survivors=args.survivors, compile_n=args.compile_n, jobs=args.jobs, seed=args.seed))
+        print(table(rows[-1:]).splitlines()[1], flush=True)
+        for message in rows[-1].rejected + rows[-1].compile_failed:
+            print(f"    {message}", flush=True)
+    print(table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps([a.row() for a in rows], indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Every kernel file of examples/ and tests/data/, through its schedule space on
+the CPU (benchmarks/space_audit.py): the seed's own point is the seed at every
+kernel-parameter point, and every candidate of a bounded random sample is
+either pruned by a static rule with its reason or accepted by tilelang's real
+MaterializeWSSchedule verifier; the fraction rejected is printed (the goal is
+none). A few non-seed candidates per file are built as ``--compile-only``
+builds them (the verifier, lowering, nvcc for sm_90a). Also: a tuning's WRONG
+fraction, as the report and the benchmarks give it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from ws_tuner.candidate import Candidate
+from ws_tuner.pipeline import BASELINE, SEARCH, WARM, TrialRecord, TuneReport
+from ws_tuner.result import Status, TrialResult
+from ws_tuner.workload import Environment, WorkloadKey
+
+ROOT = Path(__file__).resolve().parents[2]
+# The static rules of ScheduleSpace.candidate, by the kind a reason starts with.
+RULES = {"kernel", "smem", "order", "deadlock", "threads", "mma", "nreg", "alignment", "registers"}
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+audit_script = _load("space_audit")
+FILES = audit_script.kernel_files()
+
+
+def test_every_kernel_file_is_audited():
+    names = {p.name for p in FILES}
+    assert {"gemm.py", "attention.py", "flash_fwd.py", "two_consumers.py", "chain_gemm.py", "persistent_epilogue.py", "single_shot.py"} <= names
+    assert "_gemm.py" not in names and "bad_syntax.py" not in names
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_sampled_candidates_are_pruned_with_a_reason_or_verified(path):
+    row = audit_script.audit(audit_script.task_for(path), samples=60, survivors=12, seed=1)
+    print(f"\n{audit_script.table([row])}\n  verifier-rejected fraction: {row.rejected_fraction}")
+    assert row.seed_point_is_seed
+    assert row.total > 0 and 0 < row.kept <= row.total
+    assert set(row.sample_pruned) <= RULES and set(row.pruned_by) <= RULES
+    assert row.distinct >= 1 and row.survivors >= 1
+    assert row.rejected == [] and row.rejected_fraction == 0.0
+
+
+@pytest.mark.slow
+def test_sampled_candidates_build_with_nvcc(tmp_path, monkeypatch):
+    """One verified non-seed candidate of each kernel file, lowered and compiled for
+    sm_90a: the static rules (the MMA split among them: plain kernels have no
+    check()) leave nothing that nvcc or tilelang's lowering refuses."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # compiles are real
+    for path in FILES:
+        row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2)
+        print(f"{path.name}: built {row.built}, failed {row.compile_failed}")
+        assert row.built == 1 and row.compile_failed == [], (path.name, row.compile_failed)
+
+
+def _record(role: str, status: Status, n: int, cached: bool = False) -> list[TrialRecord]:
+    return [TrialRecord(Candidate.make({"i": f"{role}{status.value}{i}"}, lowering="default"), TrialResult(f"{role}{i}", status), role, cached) for i in range(n)]
+
+
+def test_wrong_fraction_counts_the_search_measured_in_this_run():
+    key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
+    report = TuneReport(key, 0, compile_only=False)
+    assert report.wrong_fraction is None  # nothing measured
+    report.records += _record(SEARCH, Status.OK, 45) + _record(WARM, Status.OK, 2) + _record(SEARCH, Status.WRONG, 2) + _record(WARM, Status.WRONG, 1)
+    report.records += _record(BASELINE, Status.WRONG, 5)  # a baseline is not the search's
+    report.records += _record(SEARCH, Status.WRONG, 7, cached=True)  # an earlier run's
+    assert report.wrong_fraction == pytest.approx(3 / 50)
+    assert _load("harness").summary_row(report)["wrong_fraction"] == 0.06  # the benchmarks' summary row
+
+
+def test_the_cli_summary_reports_the_wrong_fraction(capsys):
+    from types import SimpleNamespace
+
+    from ws_tuner.cli.tuning import _print_report
+
+    key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
+    report = TuneReport(key, 0, compile_only=False)
+    report.records += _record(SEARCH, Status.OK, 3) + _record(SEARCH, Status.WRONG, 1)
+    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k")))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "WRONG (of the searched)" in ln)
+    assert "25.0%" in line

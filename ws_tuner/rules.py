@@ -1,0 +1,58 @@
+"""Static rules about a block's resources, on a plain schedule: what the
+verifier does not check and ptxas or the launch would refuse (or run badly).
+
+- ``register_reason``: setmaxnreg budgets agree within a warpgroup, stay
+  under ptxas' cap, and fit the 64K-register pool (the sum over warpgroups
+  of max_nreg x 128 threads; a warpgroup without a budget keeps the launch's
+  share);
+- ``mma_reason``: each role's warps can split the accumulators its MMAs
+  write, as a warpgroup MMA must.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Role, Schedule
+
+REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
+MAX_THREADS = 1024
+PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
+WGMMA_MIN_ROWS = 64  # tilelang lowers a T.gemm of fewer rows to other MMAs
+
+
+def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[tuple[int, int]]]) -> str | None:
+    """Whether each role's warps can split the accumulators its MMAs write, as a
+    warpgroup MMA must (tilelang's ComputeWgmmaWarpPartition): m x n warps, m a
+    multiple of 4, each owning a multiple of 16 rows and 8 columns. Where
+    tilelang would not use a warpgroup MMA (under 64 rows, partial warpgroups)
+    the rule says nothing."""
+    for role in roles:
+        warps = role.warps
+        for rows, cols in sorted(tiles.get(role.name, ())):
+            if rows < WGMMA_MIN_ROWS or warps % WARPS_PER_GROUP:
+                continue
+            if not any(warps % m == 0 and rows % (16 * m) == 0 and cols % (8 * (warps // m)) == 0 for m in range(WARPS_PER_GROUP, warps + 1, WARPS_PER_GROUP)):
+                return f"mma: role {role.name}'s {warps} warps cannot split its {rows}x{cols} accumulator (warpgroup MMA: 16 rows x 8 columns per warp)"
+    return None
+
+
+def register_reason(schedule: Schedule) -> str | None:
+    """Static register rules of a schedule: alignment of budgets, the ptxas cap, the register file."""
+    per_wg: dict[int, set[int]] = {}
+    for role in schedule.roles:
+        if role.warp_lo < 0 or role.warp_hi > schedule.num_warps or role.warp_lo >= role.warp_hi:
+            return f"alignment: role {role.name} warps [{role.warp_lo},{role.warp_hi}) outside [0,{schedule.num_warps})"
+        if role.max_nreg > PTXAS_MAX_NREG:
+            return f"nreg: {role.name} max_nreg {role.max_nreg} > {PTXAS_MAX_NREG} (ptxas rejects it)"
+        for wg in role.warpgroups():
+            per_wg.setdefault(wg, set()).add(role.max_nreg)
+    mixed = next((wg for wg, values in per_wg.items() if len(values) > 1), None)
+    if mixed is not None:
+        return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(per_wg[mixed])}"
+    default = REGISTER_FILE // schedule.threads  # what a warpgroup keeps without setmaxnreg
+    groups = schedule.num_warps // WARPS_PER_GROUP
+    budget = sum((next(iter(per_wg.get(wg, {0}))) or default) for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP
+    if budget > REGISTER_FILE:
+        return f"registers: sum of nreg x threads = {budget} > {REGISTER_FILE}"
+    return None
