@@ -60,18 +60,6 @@ def _consumer_roles(params):
     return ["Consumer0", "Consumer1"] if params["consumers"] == "pingpong" else ["Consumer"]
 
 
-def consumer_stages(schedule, scope_id):
-    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
-    buffers = {p.name: p.buffers for p in schedule.pipelines}
-    return {
-        buf: instr.stage
-        for scope in schedule.scopes if scope.id == scope_id
-        for _, body in scope.bodies
-        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
-        for buf in buffers.get(instr.pipeline, ())
-    }  # fmt: skip
-
-
 def check(problem, params, schedule):
     """Refuses tiles that do not divide the problem or fit the SM, and schedules
     that break the kernel's data flow (which the verifier does not track)."""
@@ -87,7 +75,7 @@ def check(problem, params, schedule):
     if smem > SMEM_LIMIT:
         return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
     if schedule is not None:
-        stages = consumer_stages(schedule, "loop_k")
+        stages = schedule.consumer_stages("loop_k")
         for p in range(len(_consumer_roles(params))):
             if any({f"K_{p}", f"V_{p}"} <= set(pipe.buffers) for pipe in schedule.pipelines):
                 return f"K_{p} and V_{p} share a pipeline: the P V product of a block would wait for the next K"

@@ -71,22 +71,10 @@ def _token_reason(schedule):
     """The async protocol: the token in a pipeline of its own, waited for one stage after A and B."""
     if any("token" in p.buffers and len(p.buffers) > 1 for p in schedule.pipelines):
         return "mma=async needs the token in a pipeline of its own"
-    stages = consumer_stages(schedule, "loop_k")
+    stages = schedule.consumer_stages("loop_k")
     if {stages.get("A_shared"), stages.get("B_shared")} != {stages.get("token", 0) - 1}:
         return "mma=async: the consumer must free the token one stage after A and B (it retires the wgmma that reads them)"
     return None
-
-
-def consumer_stages(schedule, scope_id):
-    """Buffer -> the stage at which the schedule's consumers wait for it in one scope."""
-    buffers = {p.name: p.buffers for p in schedule.pipelines}
-    return {
-        buf: instr.stage
-        for scope in schedule.scopes if scope.id == scope_id
-        for _, body in scope.bodies
-        for instr in body if not isinstance(instr, str) and instr.kind == "CONSUMER_WAIT"
-        for buf in buffers.get(instr.pipeline, ())
-    }  # fmt: skip
 
 
 def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", stages=SEED_STAGES, consumer_warps=8):

@@ -120,6 +120,18 @@ class Schedule:
                     return role
         return None
 
+    def consumer_stages(self, scope_id: str) -> dict[str, int]:
+        """Buffer -> the software-pipeline stage at which consumers wait for it in one
+        scope (what a kernel file's check() reads to keep its own ops' order valid)."""
+        buffers = {p.name: p.buffers for p in self.pipelines}
+        return {
+            buf: instr.stage
+            for scope in self.scopes if scope.id == scope_id
+            for _, body in scope.bodies
+            for instr in body if isinstance(instr, Sync) and instr.kind == "CONSUMER_WAIT"
+            for buf in buffers.get(instr.pipeline, ())
+        }  # fmt: skip
+
     def nreg_per_warpgroup(self) -> dict[int, int]:
         """setmaxnreg value of each warpgroup; idle warps adopt their group's value."""
         out: dict[int, int] = {}
