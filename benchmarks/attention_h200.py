@@ -46,12 +46,11 @@ def main() -> None:
     chosen = {k: v for k, v in problems().items() if not args.only or k in args.only}
     rows, fidelity = harness.run(ROOT / "examples" / "attention.py", chosen, grid, out=args.out, budget=args.budget,
                                  jobs=args.jobs, gpu=args.gpu)  # fmt: skip
-    harness.write(args.out, "attention.json", [{**r, "sdpa_best_tflops": r["reference_tflops"], "sdpa_backend": r["reference_vendor"]} for r in rows])
-    lines = ["FlashAttention forward, B=4 H=16 fp16, TFLOP/s as `ws-tune (confirmed, steady state) / independent (do_bench)`;",
-             "ratios are ws-tune's, from the final tournament.", ""]
-    text = "\n".join(lines + harness.table(rows, fidelity, COLUMNS)) + "\n"
-    (args.out / "summary.md").write_text(text)
-    print(text)
+    harness.report(args.out, "attention.json",
+                   [{**r, "sdpa_best_tflops": r["reference_tflops"], "sdpa_backend": r["reference_vendor"]} for r in rows], fidelity,
+                   ["FlashAttention forward, B=4 H=16 fp16, TFLOP/s as `ws-tune (confirmed, steady state) / independent (do_bench)`;",
+                    "ratios are ws-tune's, from the final tournament."],
+                   COLUMNS)  # fmt: skip
 
 
 if __name__ == "__main__":

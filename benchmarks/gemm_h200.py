@@ -53,12 +53,10 @@ def main() -> None:
     grid = {k: tuple(v) for k, v in json.loads(args.grid).items()} if args.grid else GRID
     rows, fidelity = harness.run(ROOT / "examples" / "gemm.py", {s: problem(s) for s in args.shapes}, grid, out=args.out,
                                  budget=args.budget, jobs=args.jobs, gpu=args.gpu, repeat=args.repeat)  # fmt: skip
-    harness.write(args.out, "gemm.json", [{**r, "cublas_tflops": r["reference_tflops"]} for r in rows])
-    lines = ["fp16 GEMM, TFLOP/s as `ws-tune (confirmed, steady state) / independent (triton do_bench after a 300 ms pre-heat)`;",
-             "ratios are ws-tune's, from the final tournament (all side by side, each in its own settled clock state).", ""]
-    text = "\n".join(lines + harness.table(rows, fidelity, COLUMNS)) + "\n"
-    (args.out / "summary.md").write_text(text)
-    print(text)
+    harness.report(args.out, "gemm.json", [{**r, "cublas_tflops": r["reference_tflops"]} for r in rows], fidelity,
+                   ["fp16 GEMM, TFLOP/s as `ws-tune (confirmed, steady state) / independent (triton do_bench after a 300 ms pre-heat)`;",
+                    "ratios are ws-tune's, from the final tournament (all side by side, each in its own settled clock state)."],
+                   COLUMNS)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -244,6 +244,15 @@ def table(rows: list[dict[str, Any]], fidelity: list[dict[str, Any]], columns: l
     return lines
 
 
+def report(out: Path, name: str, rows: list[dict[str, Any]], fidelity: list[dict[str, Any]], header: list[str],
+           columns: list[tuple[str, str, str | None]]) -> None:
+    """Write ``rows`` as ``name`` and the summary table (``header`` first) as summary.md, and print it."""
+    write(out, name, rows)
+    text = "\n".join(header + [""] + table(rows, fidelity, columns)) + "\n"
+    (out / "summary.md").write_text(text)
+    print(text)
+
+
 def write(out: Path, name: str, rows: list[dict[str, Any]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(rows, indent=2) + "\n")
