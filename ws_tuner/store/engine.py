@@ -292,6 +292,16 @@ class Database:
         return StoreError(f"ws-tune database at {self.display_url}: {one_line(exc)}")
 
     @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A Core connection in one write transaction (no ORM session to set up: the
+        trial writes); commits on success, driver errors become ``StoreError``."""
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except DBAPIError as exc:
+            raise self.error(exc) from None
+
+    @contextmanager
     def session_scope(self, *, read_only: bool = False, ignore_integrity_error: bool = False) -> Iterator[Session]:
         """A session in one transaction: commit on success, roll back on error.
 
