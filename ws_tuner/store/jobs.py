@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, exists, false, func, insert, or_, select, true, update
+from sqlalchemy import and_, bindparam, exists, false, func, insert, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from ..candidate import canonical_json
@@ -60,6 +60,18 @@ def succeed(where: Any, now: Any) -> Any:
         .values(state=SUCCEEDED, finished_at=now, updated_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+_jobs = JobModel.__table__
+_INSERT_JOB = (
+    insert(_jobs)
+    .values(
+        state=QUEUED, slots_claimed=0, exhausted=False,
+        **{name: bindparam(name) for name in ("kernel_id", "kernel", "problem", "problem_checked", "params", "strategy",
+                                              "seed", "budget", "time_budget", "baselines", "device", "created_by")},
+    )
+    .returning(*_jobs.c)
+)  # fmt: skip
 
 
 def _job_query() -> Any:
@@ -134,16 +146,16 @@ class Jobs(OnStore):
         kernel_sha256: str | None = None,
     ) -> JobRecord:
         values = dict(
-            state=QUEUED, kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem),
-            problem_checked=problem_checked, params=params, strategy=strategy, seed=seed, budget=budget,
-            time_budget=time_budget, baselines=baselines, device=device, created_by=created_by,
-            slots_claimed=0, exhausted=False,
+            kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem), problem_checked=problem_checked,
+            params=params, strategy=strategy, seed=seed, budget=budget, time_budget=time_budget, baselines=baselines,
+            device=device, created_by=created_by,
         )  # fmt: skip
-        with self.store.session_scope() as session:
-            # One statement: INSERT ... RETURNING hands back the stamped row.
-            job = session.scalars(insert(JobModel).values(**values).returning(JobModel)).one()
-            sha = kernel_sha256 or session.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
-            return _records(session, [(job, sha)], counts=False)[0]  # nothing counted yet
+        # One Core statement built once (no ORM session or object): INSERT ... RETURNING
+        # hands back the stamped row; the kernel's sha256 is the caller's when it knows it.
+        with self.store.transaction() as connection:
+            job = connection.execute(_INSERT_JOB, values).one()
+            sha = kernel_sha256 or connection.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
+        return job_record(job, sha)  # nothing counted yet
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self.store.session_scope(read_only=True) as session:
