@@ -275,6 +275,7 @@ class Database:
         self.lookup_engine = (
             self._read_engine.execution_options(isolation_level="AUTOCOMMIT") if self.dialect == "postgresql" else self._read_engine
         )
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self.sql.pg else self.engine
 
     @property
     def dialect(self) -> str:
@@ -297,6 +298,21 @@ class Database:
         trial writes); commits on success, driver errors become ``StoreError``."""
         try:
             with self.engine.begin() as connection:
+                yield connection
+        except DBAPIError as exc:
+            raise self.error(exc) from None
+
+    @contextmanager
+    def statement(self) -> Iterator[Connection]:
+        """A Core connection for one write statement, atomic by itself: on PostgreSQL
+        in autocommit (no BEGIN and COMMIT round trips); on SQLite in a transaction,
+        for its writers are serialized by ``BEGIN IMMEDIATE``."""
+        if not self.sql.pg:
+            with self.transaction() as connection:
+                yield connection
+            return
+        try:
+            with self._autocommit.connect() as connection:
                 yield connection
         except DBAPIError as exc:
             raise self.error(exc) from None

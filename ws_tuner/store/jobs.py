@@ -150,9 +150,10 @@ class Jobs(OnStore):
             params=params, strategy=strategy, seed=seed, budget=budget, time_budget=time_budget, baselines=baselines,
             device=device, created_by=created_by,
         )  # fmt: skip
-        # One Core statement built once (no ORM session or object): INSERT ... RETURNING
-        # hands back the stamped row; the kernel's sha256 is the caller's when it knows it.
-        with self.store.transaction() as connection:
+        # One Core statement built once (no ORM session or object), atomic by itself (no
+        # transaction around it): INSERT ... RETURNING hands back the stamped row; the
+        # kernel's sha256 is the caller's when it knows it.
+        with self.store.statement() as connection:
             job = connection.execute(_INSERT_JOB, values).one()
             sha = kernel_sha256 or connection.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
         return job_record(job, sha)  # nothing counted yet
