@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, false, func, insert, or_, select, true, update
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ..candidate import canonical_json
 from ..result import Status
+from .engine import utc
 from .models import JobModel, JobTrialModel, KernelModel, WorkerModel
 from .records import JobRecord, job_record
 from .repository import OnStore
@@ -70,7 +72,7 @@ _INSERT_JOB = (
         **{name: bindparam(name) for name in ("kernel_id", "kernel", "problem", "problem_checked", "params", "strategy",
                                               "seed", "budget", "time_budget", "baselines", "device", "created_by")},
     )
-    .returning(*_jobs.c)
+    .returning(_jobs.c.id, _jobs.c.created_at, _jobs.c.updated_at)
 )  # fmt: skip
 
 
@@ -151,12 +153,16 @@ class Jobs(OnStore):
             device=device, created_by=created_by,
         )  # fmt: skip
         # One Core statement built once (no ORM session or object), atomic by itself (no
-        # transaction around it): INSERT ... RETURNING hands back the stamped row; the
-        # kernel's sha256 is the caller's when it knows it.
+        # transaction around it): INSERT ... RETURNING hands back what the database stamps;
+        # the kernel's sha256 is the caller's when it knows it.
         with self.store.statement() as connection:
-            job = connection.execute(_INSERT_JOB, values).one()
+            stamped = connection.execute(_INSERT_JOB, values).one()
             sha = kernel_sha256 or connection.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
-        return job_record(job, sha)  # nothing counted yet
+        return JobRecord(
+            id=stamped.id, state=QUEUED, kernel_sha256=sha, **{**values, "problem": json.loads(values["problem"])},
+            workload_id=None, slots_claimed=0, exhausted=False, error=None, created_at=utc(stamped.created_at),
+            updated_at=utc(stamped.updated_at), started_at=None, finished_at=None,
+        )  # fmt: skip
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self.store.session_scope(read_only=True) as session:
