@@ -16,7 +16,7 @@ import os
 import re
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -292,27 +292,21 @@ class Database:
     def error(self, exc: BaseException) -> StoreError:
         return StoreError(f"ws-tune database at {self.display_url}: {one_line(exc)}")
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self) -> AbstractContextManager[Connection]:
         """A Core connection in one write transaction (no ORM session to set up: the
         trial writes); commits on success, driver errors become ``StoreError``."""
-        try:
-            with self.engine.begin() as connection:
-                yield connection
-        except DBAPIError as exc:
-            raise self.error(exc) from None
+        return self._connection(self.engine, begin=True)
 
-    @contextmanager
-    def statement(self) -> Iterator[Connection]:
+    def statement(self) -> AbstractContextManager[Connection]:
         """A Core connection for one write statement, atomic by itself: on PostgreSQL
         in autocommit (no BEGIN and COMMIT round trips); on SQLite in a transaction,
         for its writers are serialized by ``BEGIN IMMEDIATE``."""
-        if not self.sql.pg:
-            with self.transaction() as connection:
-                yield connection
-            return
+        return self._connection(self._autocommit, begin=not self.sql.pg)
+
+    @contextmanager
+    def _connection(self, engine: Engine, *, begin: bool) -> Iterator[Connection]:
         try:
-            with self._autocommit.connect() as connection:
+            with engine.begin() if begin else engine.connect() as connection:
                 yield connection
         except DBAPIError as exc:
             raise self.error(exc) from None
