@@ -21,6 +21,7 @@ on SQLite files. Rows written to benchmarks/results/<run>/service.json:
   submit-pg                          POST /jobs, authenticated, each with its own seed
   best-schedule-100k-{pg,sqlite}     in-process `best_trial` with a Store (calls/s, no ceiling)
   commit-trial-8w-{pg,sqlite}        `Store.commit_trial` from 8 worker processes together (trials/s, no ceiling)
+  commit-trials-8w-{pg,sqlite}       the same with `Store.commit_trials` of 16 results a call (trials/s)
 
 Targets (issue 11): uncached >= 0.5x the ceiling with p99 <= 20 ms; cached and
 authenticated >= 2x with p99 <= 10 ms; submission >= 1,000/s; trial commits
@@ -56,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 DEVICE = "NVIDIA H200"
 WORKLOADS, TRIALS, BIG = 50, 500, 100_000
 PROBLEM = "M=4096,N=4096,K={k}"
+BATCH = 16  # results a call in the commit-trials rows (a tournament's, a batch of baselines)
 LOOKED_UP = 25  # the workload the 50 x 500 lookups ask for
 BIG_PROBLEM = PROBLEM.format(k=8192)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -311,8 +313,9 @@ def in_process(db_url: str, calls: int = 1000, seconds: float = 10.0) -> dict[st
             "p99_us": latencies[int(n * 0.99)] * 1e6, "non2xx": 0, "cpu_us_per_req": cpu * 1e6 / n}  # fmt: skip
 
 
-def _committer(db_url: str, worker: int, seconds: float) -> list[float]:
-    """One worker process: ``Store.commit_trial`` one after another for ``seconds``; the latencies."""
+def _committer(db_url: str, worker: int, seconds: float, batch: int) -> list[float]:
+    """One worker process: ``Store.commit_trial`` one after another for ``seconds`` (``batch`` > 1:
+    ``Store.commit_trials`` of that many); the latency of each trial's commit."""
     from ws_tuner.candidate import Candidate, Lowering
     from ws_tuner.result import Status, Timing, TrialResult
     from ws_tuner.store import Store
@@ -322,20 +325,25 @@ def _committer(db_url: str, worker: int, seconds: float) -> list[float]:
         latencies: list[float] = []
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            c = Candidate.make({"worker": worker, "i": len(latencies)}, None, Lowering.DEFAULT)
-            result = TrialResult(c.hash, Status.OK, timing=Timing(1.0, 1.0, 1.0, 30), tflops=100.0)
+            items = []
+            for i in range(len(latencies), len(latencies) + batch):
+                c = Candidate.make({"worker": worker, "i": i}, None, Lowering.DEFAULT)
+                items.append((c, TrialResult(c.hash, Status.OK, timing=Timing(1.0, 1.0, 1.0, 30), tflops=100.0)))
             start = time.perf_counter()
-            store.commit_trial(workload_id=workload, candidate=c, result=result)
-            latencies.append(time.perf_counter() - start)
+            if batch == 1:
+                store.commit_trial(workload_id=workload, candidate=items[0][0], result=items[0][1])
+            else:
+                store.commit_trials(workload_id=workload, items=items)
+            latencies += [time.perf_counter() - start] * batch
     return latencies
 
 
-def trial_commits(db_url: str, workers: int, seconds: float) -> dict[str, Any]:
+def trial_commits(db_url: str, workers: int, seconds: float, batch: int = 1) -> dict[str, Any]:
     """``workers`` processes committing trials to one workload together (as tuning workers do)."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        parts = pool.starmap(_committer, [(db_url, w, seconds) for w in range(workers)])
+        parts = pool.starmap(_committer, [(db_url, w, seconds, batch) for w in range(workers)])
     latencies = sorted(x for part in parts for x in part)
     n = len(latencies)
     return {"requests": n, "duration_us": seconds * 1e6, "rps": n / seconds, "p50_us": latencies[n // 2] * 1e6,
@@ -444,6 +452,8 @@ def main() -> int:
         for label, db in (("pg", pg), ("sqlite", lite)):
             if want(f"commit-trial-8w-{label}"):
                 rows.append(row(f"commit-trial-8w-{label}", trial_commits(db, 8, args.seconds), None))
+            if want(f"commit-trials-8w-{label}"):
+                rows.append(row(f"commit-trials-8w-{label}", trial_commits(db, 8, args.seconds, BATCH), None))
     finally:
         for server in servers:
             server.stop()

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 from ..candidate import Candidate
 from ..pipeline import Assignment, Recorder, Slot
@@ -164,8 +164,8 @@ class JobRecorder(Recorder):
             _log.warning("trial %d (job %d): result refused, the lease expired meanwhile (epoch %d)", lease.id, self.job.id, lease.epoch)
         return recorded
 
-    def record_confirmed(self, candidate: Candidate, result: TrialResult) -> None:
-        self.worker.retry(self.worker.store).commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
+    def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
+        self.worker.retry(self.worker.store).commit_trials(workload_id=self.workload_id, items=results)
 
     def stopping(self) -> bool:
         return self.worker.abandoning()

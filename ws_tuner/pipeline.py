@@ -26,7 +26,7 @@ import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .builder import Builder, BuildInput, BuildResult
 from .candidate import Candidate, Lowering
@@ -93,8 +93,8 @@ class Recorder(abc.ABC):
         """Keep a result; False if it was refused (a lease lost meanwhile)."""
 
     @abc.abstractmethod
-    def record_confirmed(self, candidate: Candidate, result: TrialResult) -> None:
-        """Keep a tournament result (it replaces the candidate's earlier one)."""
+    def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
+        """Keep the tournament's results, all at once (each replaces its candidate's earlier one)."""
 
     def taken(self) -> set[str]:
         """Candidates other slots hold (other workers of a job); refreshed after a DUPLICATE."""
@@ -389,9 +389,10 @@ class Pipeline:
                 info={**record.result.info, **result.info, "search_ratio": record.result.ratio,
                       "search_median_ms": record.result.timing.median_ms if record.result.timing else None},
             )  # fmt: skip
-            self.recorder.record_confirmed(record.candidate, confirmed)
             out.append(TrialRecord(record.candidate, confirmed, record.role, record.cached))
             report.records[position[record.candidate.hash]] = out[-1]
+        # One transaction for the lot: the tournament ends together, and a result is not worth a commit each.
+        self.recorder.record_confirmed([(r.candidate, r.result) for r in out])
         report.confirmed = len(out)
         return out
 

@@ -15,6 +15,7 @@ import json
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +82,8 @@ class StoreRecorder(Recorder):
         self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
         return True
 
-    def record_confirmed(self, candidate: Candidate, result: TrialResult) -> None:
-        self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
+    def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
+        self.store.commit_trials(workload_id=self.workload_id, items=results)
 
 
 class Tuner:

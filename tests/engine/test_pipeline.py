@@ -38,7 +38,7 @@ class LosingRecorder(Recorder):
         self.recorded[candidate.hash] = result
         return True
 
-    def record_confirmed(self, candidate, result) -> None:
+    def record_confirmed(self, results) -> None:
         pass
 
 

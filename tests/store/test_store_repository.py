@@ -199,3 +199,34 @@ def test_open_store_resolves_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert store.url == f"sqlite:///{tmp_path}/relative.db"
     with open_store(f"sqlite:///{tmp_path}/url.db") as store:
         assert store.url == f"sqlite:///{tmp_path}/url.db"
+
+
+def test_commit_trials_in_one_batch_keeps_the_upsert_rules(store: Store, factories: Any) -> None:
+    wid = store.workload_id(factories.key())
+    kept, rebuilt, twice = factories.candidate(0), factories.candidate(1), factories.candidate(2)
+    store.commit_trial(workload_id=wid, candidate=rebuilt, result=factories.result(rebuilt, Status.OK, 0.7))
+    store.commit_trials(workload_id=wid, items=[])  # nothing to write is no error
+    store.commit_trials(
+        workload_id=wid,
+        items=[
+            (twice, factories.result(twice, Status.OK, 0.9)),
+            (kept, factories.result(kept, Status.OK, 0.5, ratio=0.8, confirmed=True)),
+            (rebuilt, factories.result(rebuilt, Status.BUILT, None)),  # never replaces a final outcome
+            (twice, factories.result(twice, Status.WRONG, None, message="max err 2")),  # the later result wins
+        ],
+    )
+    stored = store.trials_by_hash(workload_id=wid)
+    assert set(stored) == {kept.hash, rebuilt.hash, twice.hash}
+    assert stored[kept.hash].result == factories.result(kept, Status.OK, 0.5, ratio=0.8, confirmed=True)
+    assert stored[kept.hash].candidate == kept
+    assert stored[rebuilt.hash].status is Status.OK and stored[rebuilt.hash].result.timing.median_ms == 0.7
+    assert stored[twice.hash].status is Status.WRONG and stored[twice.hash].result.message == "max err 2"
+    assert [t.candidate.hash for t in store.top_k(workload_id=wid)] == [kept.hash, rebuilt.hash]
+
+
+def test_commit_trials_refuses_a_result_for_another_candidate(store: Store, factories: Any) -> None:
+    wid = store.workload_id(factories.key())
+    a, b = factories.candidate(0), factories.candidate(1)
+    with pytest.raises(ValueError, match="not"):
+        store.commit_trials(workload_id=wid, items=[(a, factories.result(a)), (a, factories.result(b))])
+    assert store.trials_by_hash(workload_id=wid) == {}  # nothing of the batch was written

@@ -16,7 +16,7 @@ import os
 import re
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -275,6 +275,7 @@ class Database:
         self.lookup_engine = (
             self._read_engine.execution_options(isolation_level="AUTOCOMMIT") if self.dialect == "postgresql" else self._read_engine
         )
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self.sql.pg else self.engine
 
     @property
     def dialect(self) -> str:
@@ -290,6 +291,25 @@ class Database:
 
     def error(self, exc: BaseException) -> StoreError:
         return StoreError(f"ws-tune database at {self.display_url}: {one_line(exc)}")
+
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """A Core connection in one write transaction (no ORM session to set up: the
+        trial writes); commits on success, driver errors become ``StoreError``."""
+        return self._connection(self.engine, begin=True)
+
+    def statement(self) -> AbstractContextManager[Connection]:
+        """A Core connection for one write statement, atomic by itself: on PostgreSQL
+        in autocommit (no BEGIN and COMMIT round trips); on SQLite in a transaction,
+        for its writers are serialized by ``BEGIN IMMEDIATE``."""
+        return self._connection(self._autocommit, begin=not self.sql.pg)
+
+    @contextmanager
+    def _connection(self, engine: Engine, *, begin: bool) -> Iterator[Connection]:
+        try:
+            with engine.begin() if begin else engine.connect() as connection:
+                yield connection
+        except DBAPIError as exc:
+            raise self.error(exc) from None
 
     @contextmanager
     def session_scope(self, *, read_only: bool = False, ignore_integrity_error: bool = False) -> Iterator[Session]:

@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sqlalchemy import and_, exists, false, func, insert, or_, select, true, update
+from sqlalchemy import and_, bindparam, exists, false, func, insert, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from ..candidate import canonical_json
 from ..result import Status
+from .engine import utc
 from .models import JobModel, JobTrialModel, KernelModel, WorkerModel
 from .records import JobRecord, job_record
 from .repository import OnStore
@@ -60,6 +62,18 @@ def succeed(where: Any, now: Any) -> Any:
         .values(state=SUCCEEDED, finished_at=now, updated_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+_jobs = JobModel.__table__
+_INSERT_JOB = (
+    insert(_jobs)
+    .values(
+        state=QUEUED, slots_claimed=0, exhausted=False,
+        **{name: bindparam(name) for name in ("kernel_id", "kernel", "problem", "problem_checked", "params", "strategy",
+                                              "seed", "budget", "time_budget", "baselines", "device", "created_by")},
+    )
+    .returning(_jobs.c.id, _jobs.c.created_at, _jobs.c.updated_at)
+)  # fmt: skip
 
 
 def _job_query() -> Any:
@@ -134,16 +148,21 @@ class Jobs(OnStore):
         kernel_sha256: str | None = None,
     ) -> JobRecord:
         values = dict(
-            state=QUEUED, kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem),
-            problem_checked=problem_checked, params=params, strategy=strategy, seed=seed, budget=budget,
-            time_budget=time_budget, baselines=baselines, device=device, created_by=created_by,
-            slots_claimed=0, exhausted=False,
+            kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem), problem_checked=problem_checked,
+            params=params, strategy=strategy, seed=seed, budget=budget, time_budget=time_budget, baselines=baselines,
+            device=device, created_by=created_by,
         )  # fmt: skip
-        with self.store.session_scope() as session:
-            # One statement: INSERT ... RETURNING hands back the stamped row.
-            job = session.scalars(insert(JobModel).values(**values).returning(JobModel)).one()
-            sha = kernel_sha256 or session.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
-            return _records(session, [(job, sha)], counts=False)[0]  # nothing counted yet
+        # One Core statement built once (no ORM session or object), atomic by itself (no
+        # transaction around it): INSERT ... RETURNING hands back what the database stamps;
+        # the kernel's sha256 is the caller's when it knows it.
+        with self.store.statement() as connection:
+            stamped = connection.execute(_INSERT_JOB, values).one()
+            sha = kernel_sha256 or connection.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
+        return JobRecord(
+            id=stamped.id, state=QUEUED, kernel_sha256=sha, **{**values, "problem": json.loads(values["problem"])},
+            workload_id=None, slots_claimed=0, exhausted=False, error=None, created_at=utc(stamped.created_at),
+            updated_at=utc(stamped.updated_at), started_at=None, finished_at=None,
+        )  # fmt: skip
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self.store.session_scope(read_only=True) as session:

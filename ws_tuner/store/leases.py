@@ -29,7 +29,8 @@ from .engine import Sql, utc
 from .jobs import BASELINE, DONE, QUEUED, RUNNING, SEARCH
 from .models import JobModel, JobTrialModel
 from .records import JobTrialRecord, SlotLease, job_trial_record, slot_lease
-from .repository import OnStore, upsert_trial
+from .repository import OnStore
+from .writes import upsert_trials
 
 # assign_candidate outcomes.
 ASSIGNED, DUPLICATE, LOST = "assigned", "duplicate", "lost"
@@ -166,7 +167,7 @@ class Leases(OnStore):
             )  # fmt: skip
             if closed.rowcount != 1:
                 return False
-            upsert_trial(session, self.sql, workload_id=workload_id, candidate=candidate, result=result)
+            upsert_trials(session, self.sql, workload_id=workload_id, items=[(candidate, result)])
             return True
 
     def release_slot(self, lease: SlotLease, *, exhausted: bool = False) -> bool:

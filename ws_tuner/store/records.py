@@ -44,28 +44,27 @@ class StoredTrial:
         return self.result.status
 
 
-def stored_trial(trial: TrialModel, candidate: CandidateModel) -> StoredTrial:
+def stored_result(candidate_hash: str, trial: Any) -> TrialResult:
+    """A trial row (ORM object or Core row) as the result it stores."""
     timing = None
     if trial.median_ms is not None:
         timing = Timing(trial.median_ms, trial.p20_ms or 0.0, trial.p80_ms or 0.0, trial.reps or 0)
+    return TrialResult(
+        candidate_hash=candidate_hash, status=Status(trial.status), message=trial.message,
+        build_seconds=trial.build_seconds, timing=timing, tflops=trial.tflops, info=json.loads(trial.info),
+        ratio=trial.ratio, confirmed=bool(trial.confirmed),
+    )  # fmt: skip
+
+
+def stored_trial(trial: TrialModel, candidate: CandidateModel) -> StoredTrial:
     data = {
         "lowering": candidate.lowering,
         "params": json.loads(candidate.params),
         "schedule": json.loads(candidate.schedule) if candidate.schedule else None,
     }
-    result = TrialResult(
-        candidate_hash=candidate.hash,
-        status=Status(trial.status),
-        message=trial.message,
-        build_seconds=trial.build_seconds,
-        timing=timing,
-        tflops=trial.tflops,
-        info=json.loads(trial.info),
-        ratio=trial.ratio,
-        confirmed=bool(trial.confirmed),
-    )
     return StoredTrial(
-        Candidate.from_json(data), result, trial.workload_id, utc(trial.created_at), utc(trial.updated_at)
+        Candidate.from_json(data), stored_result(candidate.hash, trial), trial.workload_id, utc(trial.created_at),
+        utc(trial.updated_at),
     )
 
 

@@ -19,24 +19,26 @@ Contracts (callers rely on these):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, bindparam, func, or_, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import aliased
 
 from ..candidate import Candidate, Lowering, canonical_json
 from ..result import Status, TrialResult
 from ..workload import WorkloadKey
-from .engine import ENV_VAR, Database, Sql, StoreError, resolve_db_url, utc
+from .engine import ENV_VAR, Database, StoreError, resolve_db_url, utc
 from .guard import DbTimeouts
 from .models import CandidateModel, TrialModel, WorkloadModel
-from .records import StoredTrial, dumps, stored_trial, workload_key
+from .records import StoredTrial, stored_trial, workload_key
 from .schema import ensure_schema, stamped_revision, upgrade
+from .writes import upsert_trial, upsert_trials
 
 
 def open_store(url: str | None = None, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> Store:
@@ -125,55 +127,6 @@ def trials_query() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
 
-def upsert_trial(session: Session, sql: Sql, *, workload_id: int, candidate: Candidate, result: TrialResult) -> StoredTrial:
-    """``Store.commit_trial``'s statements inside the caller's transaction (the job
-    queue records a trial and closes its slot in one transaction)."""
-    if result.candidate_hash != candidate.hash:
-        raise ValueError(f"result is for candidate {result.candidate_hash}, not {candidate.hash}")
-    data = candidate.to_json()
-    timing = result.timing
-    values = {
-        "status": Status(result.status).value,
-        "message": result.message,
-        "build_seconds": result.build_seconds,
-        "median_ms": timing.median_ms if timing else None,
-        "p20_ms": timing.p20_ms if timing else None,
-        "p80_ms": timing.p80_ms if timing else None,
-        "reps": timing.reps if timing else None,
-        "tflops": result.tflops,
-        "ratio": result.ratio,
-        "confirmed": result.confirmed,
-        "info": dumps(result.info),
-    }
-    # Candidates are immutable and shared across workloads: insert once, never update.
-    session.execute(
-        sql.upsert(CandidateModel)
-        .values(
-            hash=candidate.hash,
-            lowering=data["lowering"],
-            params=canonical_json(data["params"]),
-            schedule=canonical_json(data["schedule"]) if data["schedule"] is not None else None,
-        )
-        .on_conflict_do_nothing(index_elements=["hash"])
-    )
-    candidate_id = session.scalar(select(CandidateModel.id).where(CandidateModel.hash == candidate.hash))
-    # A single atomic upsert rather than read-then-write: two workers
-    # committing the same trial cannot both insert.
-    stmt = sql.upsert(TrialModel).values(workload_id=workload_id, candidate_id=candidate_id, **values)
-    session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["workload_id", "candidate_id"],
-            # ON CONFLICT skips ORM onupdate hooks, so updated_at is set here.
-            set_={**{name: stmt.excluded[name] for name in values}, "updated_at": func.now()},
-            where=or_(stmt.excluded.status != Status.BUILT.value, TrialModel.status == Status.BUILT.value),
-        )
-    )
-    trial, cand = session.execute(
-        trials_query().where(TrialModel.workload_id == workload_id, TrialModel.candidate_id == candidate_id)
-    ).one()
-    return stored_trial(trial, cand)
-
-
 class Store(Database):
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
@@ -255,8 +208,18 @@ class Store(Database):
         a build failure): re-building a resumed candidate must not erase its timing.
         Returns what is stored afterwards.
         """
-        with self.session_scope() as session:
-            return upsert_trial(session, self.sql, workload_id=workload_id, candidate=candidate, result=result)
+        with self.transaction() as connection:
+            stored = upsert_trial(connection, self.sql, workload_id=workload_id, candidate=candidate, result=result)
+        if stored is None:  # a BUILT result refused: what is stored is the earlier outcome
+            stored = self.get_trial(workload_id=workload_id, candidate_hash=candidate.hash)
+            assert stored is not None
+        return stored
+
+    def commit_trials(self, *, workload_id: int, items: Sequence[tuple[Candidate, TrialResult]]) -> None:
+        """Store several results on the workload in one transaction, by ``commit_trial``'s
+        rules (a candidate given twice keeps its later result); nothing is read back."""
+        with self.transaction() as connection:
+            upsert_trials(connection, self.sql, workload_id=workload_id, items=items)
 
     def get_trial(self, *, workload_id: int, candidate_hash: str) -> StoredTrial | None:
         query = trials_query().where(TrialModel.workload_id == workload_id, CandidateModel.hash == candidate_hash)

@@ -25,9 +25,10 @@ from ..candidate import Candidate
 from ..result import Status, TrialResult
 from .jobs import FAILED, FINAL_JOB_STATES, QUEUED, RUNNING, finished_jobs, succeed
 from .models import JobModel, JobTrialModel, WorkerModel
-from .repository import OnStore, upsert_trial
+from .repository import OnStore
 from .sampler import study_name
 from .workers import ALIVE, W_LOST
+from .writes import upsert_trials
 
 _log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Sweeper(OnStore):
                 if done and row.candidate and row.workload_id is not None:
                     candidate = Candidate.from_json(json.loads(row.candidate))
                     result = TrialResult(candidate.hash, Status.CRASH, message, info={"quarantined": True})
-                    upsert_trial(session, self.sql, workload_id=row.workload_id, candidate=candidate, result=result)
+                    upsert_trials(session, self.sql, workload_id=row.workload_id, items=[(candidate, result)])
             lost = session.execute(
                 update(WorkerModel)
                 .where(WorkerModel.state.in_(ALIVE), WorkerModel.heartbeat_at < cutoff)
