@@ -8,7 +8,6 @@ from __future__ import annotations
 import difflib
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
 from ...candidate import Candidate, Lowering
 from ...pipeline import BASELINE, BASELINE_KINDS, SEARCH, TrialRecord, TuneReport
