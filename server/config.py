@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     upload_check_memory: int = Field(1024 * MIB, ge=64 * MIB, description="bytes of memory one check may use")
     max_budget: int = Field(100_000, ge=1)
     best_cache_ttl: float = Field(1.0, ge=0, description="seconds a best-schedule answer is served from memory")
+    workload_directory_ttl: float = Field(
+        1.0, ge=0, description="seconds the list of existing workloads is trusted (a lookup of an absent key makes no query); 0: ask each time"
+    )
     auth_cache_ttl: float = Field(2.0, ge=0, description="seconds a token check is remembered (revocation delay)")
     log_level: str = "info"
     access_log: bool = Field(False, description="log every request (uvicorn's access log; about a quarter more CPU per request)")

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -85,6 +86,33 @@ class CachedAnswer:
 _MISSING = object()
 
 
+class WorkloadDirectory:
+    """Which workloads exist, (kernel, canonical problem) -> [(source hash, device)],
+    from a snapshot at most ``ttl`` seconds old. A lookup of a key that has no
+    workload at all is a miss answered without a query, and a miss's explanation
+    comes from here too. A workload created meanwhile is seen within ``ttl``, as
+    a remembered answer is."""
+
+    def __init__(self, store: Store, ttl: float) -> None:
+        self.store, self.ttl = store, ttl
+        self._snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._taken_at = -math.inf
+        self._lock = threading.Lock()
+
+    def get(self, kernel: str, problem: str) -> list[tuple[str, str]]:
+        if self.ttl <= 0:
+            return [(source, device) for _, source, _, device in self.store.workload_directory(kernel=kernel, problem=problem)]
+        if time.monotonic() - self._taken_at > self.ttl:
+            with self._lock:  # one refresh at a time; the others take its snapshot
+                if time.monotonic() - self._taken_at > self.ttl:
+                    taken_at = time.monotonic()
+                    snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                    for k, source, p, device in self.store.workload_directory():
+                        snapshot.setdefault((k, p), []).append((source, device))
+                    self._snapshot, self._taken_at = snapshot, taken_at
+        return self._snapshot.get((kernel, problem), [])
+
+
 class Services:
     def __init__(self, settings: Settings, store: Store) -> None:
         self.settings, self.store = settings, store
@@ -93,6 +121,7 @@ class Services:
         self._auth: TTLCache[Any] = TTLCache(settings.auth_cache_ttl)
         self._kernels: TTLCache[Any] = TTLCache(5.0)
         self.best_cache: TTLCache[CachedAnswer] = TTLCache(settings.best_cache_ttl)
+        self.workloads = WorkloadDirectory(store, settings.workload_directory_ttl)
         self._problems: dict[tuple[str, str, str | None], str | CachedAnswer] = {}  # see _canonical_problem
         self._raw_queries: dict[tuple[Any, ...], set[bytes]] = {}  # lookup key -> the query strings that asked it
         self._query_key: dict[bytes, tuple[Any, ...]] = {}  # and back
@@ -269,6 +298,9 @@ class Services:
         problem_json = self._canonical_problem(kernel, problem, registered)
         if isinstance(problem_json, CachedAnswer):
             return problem_json
+        stored = self.workloads.get(kernel, problem_json)
+        if not stored:  # known absent: nothing was ever tuned for this kernel and problem
+            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
         # One source of the kernel, never a mix: the one asked for, else the registered
         # file's, else the only one that has results here.
         if source_hash is None and registered is not None:
@@ -281,8 +313,8 @@ class Services:
             source_hash = sources[0] if sources else None
         best = self.store.best_stored(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
         if best is None:
-            stored = [k for _, k in self.store.find_workloads(kernel=kernel, source_hash=source_hash, problem=problem_json)]
-            why = untimed_note(device, stored)  # e.g. only compile-only results: workers without a GPU time nothing
+            # e.g. only compile-only results (workers without a GPU time nothing), or another device's
+            why = untimed_note(device, (d for s, d in stored if source_hash is None or s == source_hash))
             return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{why}"))
         # The ETag names the stored row's version: it changes when a faster trial
         # wins or this one is re-measured, whichever server process answers.

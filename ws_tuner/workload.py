@@ -3,6 +3,7 @@ their workload keys are equal."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,11 +46,12 @@ class WorkloadKey:
         return asdict(self)
 
 
-def untimed_note(asked: str, stored: list[WorkloadKey]) -> str:
-    """Why a lookup on device ``asked`` found no timing, given the workloads stored
-    for the same kernel source and problem: a compile-only tuning times nothing,
-    and another device's results are one device name away ("" when neither applies)."""
-    devices = sorted({k.device for k in stored} - {asked})
+def untimed_note(asked: str, stored: Iterable[str]) -> str:
+    """Why a lookup on device ``asked`` found no timing, given the devices of the
+    workloads stored for the same kernel source and problem: a compile-only tuning
+    times nothing, and another device's results are one device name away ("" when
+    neither applies)."""
+    devices = sorted(set(stored) - {asked})
     notes = []
     if COMPILE_ONLY_DEVICE in devices or asked == COMPILE_ONLY_DEVICE:
         notes.append("compile-only tunings (no GPU) verify and build candidates but time nothing: tune on a Hopper GPU")

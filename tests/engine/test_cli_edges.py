@@ -130,7 +130,7 @@ def test_untimed_note_names_what_is_stored():
         return WorkloadKey.make("k", "ab" * 32, {"M": 1}, Environment("sm_90a", device, "t", "c", "d"))
 
     assert untimed_note("NVIDIA H200", []) == ""
-    note = untimed_note("NVIDIA H200", [key(COMPILE_ONLY_DEVICE), key("NVIDIA H100"), key("NVIDIA H200")])
+    note = untimed_note("NVIDIA H200", [key(d).device for d in (COMPILE_ONLY_DEVICE, "NVIDIA H100", "NVIDIA H200")])
     assert "time nothing" in note and "results exist for device 'NVIDIA H100'" in note and "H200" not in note
 
 

@@ -21,7 +21,7 @@ FAKE_ARGS = ("--runner", "dummy", "--builder", "fake", "--space", "fake")
 def fast_settings(db_url: str, tmp: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = dict(
         db=db_url, kernel_dirs=[EXAMPLES], heartbeat_interval=HEARTBEAT, grace_period=GRACE, poll_interval=0.1,
-        kernel_cache_dir=tmp / "kernel-cache", best_cache_ttl=0.0, auth_cache_ttl=0.0, drain_timeout=30.0,
+        kernel_cache_dir=tmp / "kernel-cache", best_cache_ttl=0.0, workload_directory_ttl=0.0, auth_cache_ttl=0.0, drain_timeout=30.0,
     )  # fmt: skip
     return Settings(**{**base, **overrides})
 

@@ -215,3 +215,31 @@ def test_best_schedule_by_url_reuses_one_store(db_url: str, open_db: Callable) -
             opened = lookup._stores.pop(lookup.resolve_db_url(db_url), None)
         if opened is not None:
             opened.close()
+
+
+def test_a_miss_of_a_key_without_workloads_makes_no_query(db_url: str, open_db: Callable, tmp_path: Any) -> None:
+    """The server keeps which workloads exist: a lookup of a problem nothing was tuned
+    for is a 404 from memory, and a miss's explanation (compile-only results only,
+    another device's) comes from there too."""
+    from sqlalchemy import event
+    from svc_helpers import fast_settings
+
+    from ws_tuner.server.state import Services
+    from ws_tuner.workload import COMPILE_ONLY_DEVICE
+
+    store = open_db(db_url)
+    untimed = Environment("sm_90a", COMPILE_ONLY_DEVICE, "0.1.15", "12.8", "none")
+    store.workload_id(WorkloadKey.make("gemm", load_kernel(EXAMPLES / "gemm.py").source_hash, PROBLEM, untimed))
+    services = Services(fast_settings(db_url, tmp_path, workload_directory_ttl=60.0), store)
+    services.register_kernel_dirs()
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: statements.append(statement))
+    try:
+        services._lookup_best("gemm", "M=64,N=64,K=64", "NVIDIA H200", None)  # takes the snapshot (and the kernel's record)
+        before = len(statements)
+        absent = services._lookup_best("gemm", "M=128,N=128,K=128", "NVIDIA H200", None)
+        assert absent.status == 404 and len(statements) == before, statements[before:]
+        untimed_only = services._lookup_best("gemm", SHAPE, "NVIDIA H200", None)
+        assert untimed_only.status == 404 and b"compile-only tunings" in untimed_only.body
+    finally:
+        services.close()

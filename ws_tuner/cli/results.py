@@ -43,7 +43,7 @@ def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k:
 def _nothing_timed(store: Any, task: Any, key: Any, command: str) -> str:
     from ..workload import COMPILE_ONLY_DEVICE, untimed_note
 
-    stored = [k for _, k in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem)]
+    stored = [k.device for _, k in store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem)]
     on = "this machine (no GPU)" if key.device == COMPILE_ONLY_DEVICE else key.device
     run = f"; run `{command}` first" if key.device != COMPILE_ONLY_DEVICE else ""
     return f"no timed result stored for {task.spec.name} at {key.problem} on {on}{untimed_note(key.device, stored)}{run}"

@@ -176,6 +176,21 @@ class Store(Database):
             raise StoreError(f"ws-tune database at {self.display_url}: workload {key_hash} vanished after insert")
         return found
 
+    def workload_directory(self, *, kernel: str | None = None, problem: str | None = None) -> list[tuple[str, str, str, str]]:
+        """(kernel, source hash, canonical problem, device) of every workload (of ``kernel``
+        at ``problem`` where given): what a server keeps in memory to answer lookups of
+        absent keys without a query."""
+        query = select(WorkloadModel.kernel, WorkloadModel.source_hash, WorkloadModel.problem, WorkloadModel.device).distinct()
+        if kernel is not None:
+            query = query.where(WorkloadModel.kernel == kernel)
+        if problem is not None:
+            query = query.where(WorkloadModel.problem == problem)
+        try:
+            with self.lookup_engine.connect() as connection:
+                return [tuple(row) for row in connection.execute(query)]
+        except DBAPIError as exc:
+            raise self.error(exc) from None
+
     def find_workloads(
         self,
         *,
