@@ -111,7 +111,7 @@ class Worker:
     def abandoning(self) -> bool:
         """Whether to hand back what is in flight now: aborted, or the drain time is up."""
         if self._stop_at is not None and time.monotonic() - self._stop_at > self.settings.drain_timeout:
-            self._abort.set()
+            self.abort()  # not only the flag: the calls waiting on a silent database are cut too
         return self._abort.is_set()
 
     # --- the loop -------------------------------------------------------------------
@@ -176,7 +176,7 @@ class Worker:
         while not self._hb_stop.wait(settings.heartbeat_interval):
             held_before = self.leases.ids()
             try:
-                held = self.queue.heartbeat(self.id, state=W_DRAINING if self._stop.is_set() else W_RUNNING)
+                held = self.queue.heartbeat(self.id, held_before, state=W_DRAINING if self._stop.is_set() else W_RUNNING)
                 for lost in sorted(held_before - held):
                     if lost in self.leases.ids():
                         _log.warning("lease of trial %d lost (expired or handed over); its result will be refused", lost)

@@ -124,16 +124,33 @@ def _set_attempts(db_url: str, trial_id: int, attempts: int) -> None:
         engine.dispose()
 
 
+def test_a_claim_whose_answer_was_lost_expires_and_is_requeued(db_url: str, make_job: Callable, open_db: Callable) -> None:
+    """A slot claimed in a transaction whose answer never reached the worker (the
+    connection cut after the commit) is leased to it unknowingly: its heartbeats must
+    not keep that slot alive, or the job never completes."""
+    queue = JobQueue(open_db(db_url))
+    job = make_job(db_url, budget=2)
+    queue.register_worker("w1", host="h", pid=1, gpu=None, device="dev")
+    queue.claim_job("w1", "dev")
+    known = queue.claim_slot(job.id, "w1")
+    orphan = queue.claim_slot(job.id, "w1")  # the answer "lost": the worker holds only `known`
+    assert known is not None and orphan is not None
+    _backdate(db_url)
+    assert queue.heartbeat("w1", {known.id}) == {known.id}
+    assert queue.sweep(grace=15, max_retry=2).requeued == 1  # the orphan, not the slot the worker stamped
+    assert queue.claim_slot(job.id, "w2") is not None  # another worker can take it
+
+
 def test_a_lost_lease_cannot_be_heartbeaten_back(db_url: str, make_job: Callable, open_db: Callable) -> None:
     queue = JobQueue(open_db(db_url))
     job = make_job(db_url, budget=2)
     queue.register_worker("w1", host="h", pid=1, gpu=None, device="dev")
     queue.claim_job("w1", "dev")
     lease = queue.claim_slot(job.id, "w1")
-    assert lease is not None and queue.heartbeat("w1") == {lease.id}
+    assert lease is not None and queue.heartbeat("w1", {lease.id}) == {lease.id}
     _backdate(db_url)
     assert queue.sweep(grace=15, max_retry=2).requeued == 1
-    assert queue.heartbeat("w1") == set()  # the worker learns it lost the lease
+    assert queue.heartbeat("w1", {lease.id}) == set()  # the worker learns it lost the lease
     assert queue.worker_stopped("w1") == 0  # and has nothing to hand back
     assert [w.state for w in queue.list_workers()] == ["stopped"]
 

@@ -6,6 +6,8 @@ sweeper (sweeper.py) re-queues the slots of a worker whose heartbeat stopped.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import select, update
 
 from .jobs import RUNNING
@@ -24,15 +26,21 @@ class Workers(OnStore):
         with self.store.session_scope() as session:
             session.add(WorkerModel(id=worker_id, host=host[:256], pid=pid, gpu=gpu, device=device[:256], state=W_RUNNING))
 
-    def heartbeat(self, worker_id: str, *, state: str = W_RUNNING) -> set[int]:
-        """Stamp the worker and every slot it holds; returns the ids of the slots it
-        still holds (a slot missing from the answer was taken away: lease lost)."""
+    def heartbeat(self, worker_id: str, held: Iterable[int], *, state: str = W_RUNNING) -> set[int]:
+        """Stamp the worker and the slots it knows it holds (``held``); returns those it
+        still holds (one missing from the answer was taken away: lease lost). Only
+        those: a slot claimed in a transaction whose answer was lost (the connection
+        cut after the commit) is leased to the worker without its knowing, and must
+        expire for the sweeper to re-queue it, not be kept alive for ever."""
+        held = list(held)
         with self.store.session_scope() as session:
             now = self.sql.now()
             session.execute(update(WorkerModel).where(WorkerModel.id == worker_id).values(heartbeat_at=now, state=state))
+            if not held:
+                return set()
             rows = session.scalars(
                 update(JobTrialModel)
-                .where(JobTrialModel.worker_id == worker_id, JobTrialModel.state == RUNNING)
+                .where(JobTrialModel.worker_id == worker_id, JobTrialModel.state == RUNNING, JobTrialModel.id.in_(held))
                 .values(heartbeat_at=now)
                 .returning(JobTrialModel.id)
             ).all()
