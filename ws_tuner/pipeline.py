@@ -138,7 +138,8 @@ class TuneReport:
     def wrong_fraction(self) -> float | None:
         """Of the candidates the search measured in this run, the share the correctness
         gate stored as WRONG (issue 9's goal: under 2%); None when none was measured."""
-        searched = [r for r in self.records if r.role != BASELINE and not r.cached]
+        searched = [r for r in self.records if r.role != BASELINE and not r.cached  # run on a GPU, not only built
+                    and r.result.status is not Status.BUILT and not r.result.status.is_build_failure]
         return sum(r.result.status is Status.WRONG for r in searched) / len(searched) if searched else None
 
     @staticmethod

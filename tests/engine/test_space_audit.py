@@ -74,6 +74,8 @@ def test_wrong_fraction_counts_the_search_measured_in_this_run():
     key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
     report = TuneReport(key, 0, compile_only=False)
     assert report.wrong_fraction is None  # nothing measured
+    report.records += _record(SEARCH, Status.BUILT, 4) + _record(SEARCH, Status.COMPILE_ERROR, 1)
+    assert report.wrong_fraction is None  # compile-only: built, never run
     report.records += _record(SEARCH, Status.OK, 45) + _record(WARM, Status.OK, 2) + _record(SEARCH, Status.WRONG, 2) + _record(WARM, Status.WRONG, 1)
     report.records += _record(BASELINE, Status.WRONG, 5)  # a baseline is not the search's
     report.records += _record(SEARCH, Status.WRONG, 7, cached=True)  # an earlier run's
