@@ -6,7 +6,7 @@ default and role_based lowerings over the same kernel-parameter grid, the
 seed, and every torch SDPA backend that runs (the kernel file's vendors);
 then the independent re-timing of harness.py.
 
-    python benchmarks/attention_h200.py --out OUT [--budget 40] [--jobs 14] [--gpu 0] [--only S=4096,D=128,causal=0 ...]
+    python benchmarks/attention_h200.py --out OUT [--budget 40] [--time-budget S] [--jobs 14] [--gpu 0] [--only S=4096,D=128,causal=0 ...]
 
 Writes OUT/attention.json, OUT/fidelity.json, OUT/summary.md.
 """
@@ -40,18 +40,16 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None, help="problem labels to run (default: all eight)")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds of search per problem (the tournament comes on top)")
     ap.add_argument("--grid", default=None, help="kernel-parameter grid as JSON (default: GRID)")
     args = ap.parse_args()
     grid = {k: tuple(v) for k, v in json.loads(args.grid).items()} if args.grid else GRID
     chosen = {k: v for k, v in problems().items() if not args.only or k in args.only}
-    rows, fidelity = harness.run(ROOT / "examples" / "attention.py", chosen, grid, out=args.out, budget=args.budget,
-                                 jobs=args.jobs, gpu=args.gpu)  # fmt: skip
-    harness.report(args.out, "attention.json",
-                   [{**r, "sdpa_best_tflops": r["reference_tflops"], "sdpa_backend": r["reference_vendor"]} for r in rows], fidelity,
-                   ["FlashAttention forward, B=4 H=16 fp16, TFLOP/s as `ws-tune (confirmed, steady state) / independent (do_bench)`;",
-                    "ratios are ws-tune's, from the final tournament."],
-                   COLUMNS)  # fmt: skip
-
+    harness.run(ROOT / "examples" / "attention.py", chosen, grid, out=args.out, budget=args.budget, jobs=args.jobs,
+                gpu=args.gpu, time_budget=args.time_budget, publish=lambda rows, fidelity: harness.report(
+                    args.out, "attention.json", [{**r, "sdpa_best_tflops": r["reference_tflops"], "sdpa_backend": r["reference_vendor"]} for r in rows],
+                    fidelity, ["FlashAttention forward, B=4 H=16 fp16, TFLOP/s as `ws-tune (confirmed, steady state) / independent (do_bench)`;",
+                               "ratios are ws-tune's, from the final tournament."], COLUMNS))  # fmt: skip
 
 if __name__ == "__main__":
     main()

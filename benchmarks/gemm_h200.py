@@ -48,16 +48,17 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--repeat", default=None, help="shape to tune a second time (fresh database, other seed)")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds of search per shape (the tournament comes on top)")
     ap.add_argument("--grid", default=None, help="kernel-parameter grid as JSON (default: GRID)")
     args = ap.parse_args()
     grid = {k: tuple(v) for k, v in json.loads(args.grid).items()} if args.grid else GRID
-    rows, fidelity = harness.run(ROOT / "examples" / "gemm.py", {s: problem(s) for s in args.shapes}, grid, out=args.out,
-                                 budget=args.budget, jobs=args.jobs, gpu=args.gpu, repeat=args.repeat)  # fmt: skip
-    harness.report(args.out, "gemm.json", [{**r, "cublas_tflops": r["reference_tflops"]} for r in rows], fidelity,
-                   ["fp16 GEMM, TFLOP/s as `ws-tune (confirmed, steady state) / independent (triton do_bench after a 300 ms pre-heat)`;",
-                    "ratios are ws-tune's, from the final tournament (all side by side, each in its own settled clock state)."],
-                   COLUMNS)  # fmt: skip
-
+    harness.run(ROOT / "examples" / "gemm.py", {s: problem(s) for s in args.shapes}, grid, out=args.out, budget=args.budget,
+                jobs=args.jobs, gpu=args.gpu, repeat=args.repeat, time_budget=args.time_budget,
+                publish=lambda rows, fidelity: harness.report(
+                    args.out, "gemm.json", [{**r, "cublas_tflops": r["reference_tflops"]} for r in rows], fidelity,
+                    ["fp16 GEMM, TFLOP/s as `ws-tune (confirmed, steady state) / independent (triton do_bench after a 300 ms pre-heat)`;",
+                     "ratios are ws-tune's, from the final tournament (all side by side, each in its own settled clock state)."],
+                    COLUMNS))  # fmt: skip
 
 if __name__ == "__main__":
     main()

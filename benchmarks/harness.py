@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ws_tuner import search
 from ws_tuner.builder import LocalBuilder
@@ -29,12 +29,13 @@ from ws_tuner.tune import TuneOptions, Tuner
 KINDS = ("ws", "seed", "default", "role_based", "reference")
 
 
-def tune(task: Task, db: str, *, strategy: str, budget: int, jobs: int, seed: int, runner: LocalRunner) -> TuneReport:
+def tune(task: Task, db: str, *, strategy: str, budget: int, jobs: int, seed: int, runner: LocalRunner,
+         time_budget: float | None = None) -> TuneReport:  # fmt: skip
     store = open_store(db)
     try:
         with LocalBuilder(jobs=jobs, timeout=300) as builder:
             tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
-                          options=TuneOptions(budget=budget, jobs=jobs, evaluator=EvaluatorConfig(timeout=60)))  # fmt: skip
+                          options=TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, evaluator=EvaluatorConfig(timeout=60)))  # fmt: skip
             return tuner.run()
     finally:
         store.close()
@@ -198,34 +199,38 @@ def order_agrees(rows: list[dict[str, Any]], tie: float = 0.01) -> bool:
 
 
 def run(kernel_file: Path, problems: dict[str, dict[str, Any]], grid: dict[str, tuple[Any, ...]], *, out: Path, budget: int,
-        jobs: int, gpu: int = 0, repeat: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+        jobs: int, publish: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None], gpu: int = 0,
+        repeat: str | None = None, time_budget: float | None = None) -> None:  # fmt: skip
     """Tune each problem (TPE, one database), optionally a second time (fresh
-    database, another seed), then re-time winners and baselines independently.
-    Returns (one summary row per tuning, fidelity rows)."""
+    database, another seed), re-timing each tuning's winner and baselines
+    independently as soon as it ends; ``publish(rows, fidelity)`` gets
+    everything so far after each tuning, so a run cut short keeps its results."""
     from ws_tuner.kernel import load_kernel
 
     out.mkdir(parents=True, exist_ok=True)
     spec = load_kernel(kernel_file)
-    rows, tuned = [], []
-    with LocalRunner(gpu) as runner:
-        for label, problem in [*problems.items(), *([(repeat, problems[repeat])] if repeat else [])]:
-            again = len(tuned) >= len(problems)
-            task = Task.make(spec, spec.parse_problem(problem), grid)
-            db = out / ("repeat.db" if again else f"{kernel_file.stem}.db")
-            report = tune(task, str(db), strategy="tpe", budget=budget, jobs=jobs, seed=1 if again else 0, runner=runner)
-            rows.append({"shape": label, "run": "tpe-repeat" if again else "tpe", **summary_row(report)})
-            tuned.append((task, report, "repeat-" if again else ""))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "winner_source"}), flush=True)
-    # The runner's process is gone: the independent timer has the GPU to itself.
-    fidelity = []
-    for task, report, prefix in tuned:
-        items = entries(report, task, prefix)
-        if prefix:  # the repeat's winner, side by side with the first tuning's
-            first = next(r for t, r, p in tuned if not p and t.problem == task.problem)
-            items = [i for i in items if i.label == prefix + "ws"] + [i for i in entries(first, task, "first-") if i.label == "first-ws"]
+    rows: list[dict[str, Any]] = []
+    fidelity: list[dict[str, Any]] = []
+    first: dict[str, TuneReport] = {}
+    for label, problem in [*problems.items(), *([(repeat, problems[repeat])] if repeat else [])]:
+        again = label in first
+        task = Task.make(spec, spec.parse_problem(problem), grid)
+        db = out / ("repeat.db" if again else f"{kernel_file.stem}.db")
+        with LocalRunner(gpu) as runner:
+            report = tune(task, str(db), strategy="tpe", budget=budget, jobs=jobs, seed=1 if again else 0, runner=runner,
+                          time_budget=time_budget)  # fmt: skip
+        rows.append({"shape": label, "run": "tpe-repeat" if again else "tpe", **summary_row(report)})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "winner_source"}), flush=True)
+        # The runner's process is gone: the independent timer has the GPU to itself.
+        if again:  # the repeat's winner, side by side with the first tuning's
+            items = [i for i in entries(report, task, "repeat-") if i.label == "repeat-ws"]
+            items += [i for i in entries(first[label], task, "first-") if i.label == "first-ws"]
+        else:
+            items = entries(report, task)
+            first[label] = report
         fidelity += fidelity_rows(items, independent(items, gpu=gpu))
-    write(out, "fidelity.json", fidelity)
-    return rows, fidelity
+        write(out, "fidelity.json", fidelity)
+        publish(rows, fidelity)
 
 
 def table(rows: list[dict[str, Any]], fidelity: list[dict[str, Any]], columns: list[tuple[str, str, str | None]]) -> list[str]:

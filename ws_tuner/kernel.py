@@ -31,6 +31,11 @@ A kernel file is a Python module that defines, at top level:
     layout's warp ranges, and with each whole candidate before it is handed
     out. The space itself keeps the seed's data flow (see ws_tuner/seed.py):
     a check need not guard stage orders.
+``SCHEDULED_ONLY: dict[str, list]`` (optional)
+    Kernel-parameter values whose kernel is right only in the order its seed
+    schedule gives it (asynchronous MMA waits the seed places, say):
+    tilelang's default and role_based lowerings, which reorder the plain
+    program as they see fit, are not built as baselines at such points.
 ``TOLERANCE: float`` (optional, default 1e-2)
     Largest relative error ``|out - ref| / |ref|`` that counts as correct.
 ``vendors(problem: dict) -> dict[str, Callable[[list], list]]`` (optional)
@@ -71,6 +76,7 @@ class KernelSpec:
     params: dict[str, tuple[Any, ...]]
     outputs: tuple[int, ...] = (-1,)
     tolerance: float = 1e-2
+    scheduled_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     module: ModuleType | None = field(default=None, compare=False, repr=False)
 
     # --- the user's functions, called through one place each ---------------
@@ -93,6 +99,10 @@ class KernelSpec:
 
     def vendor(self, problem: dict[str, Any], name: str) -> Callable[[list[Any]], list[Any]]:
         return self._call("vendors", problem)[name]
+
+    def needs_schedule(self, params: dict[str, Any]) -> bool:
+        """Whether the kernel at ``params`` is right only under its seed's order (``SCHEDULED_ONLY``)."""
+        return any(params.get(k) in values for k, values in self.scheduled_only.items())
 
     def check(self, problem: dict[str, Any], params: dict[str, Any], schedule: Any = None) -> str | None:
         if self.module is None or not hasattr(self.module, "check"):
@@ -181,6 +191,13 @@ def _coerce(key: str, value: Any, like: Any) -> Any:
     return value
 
 
+def _mapping_of_lists(module: ModuleType, name: str, path: Path) -> dict[str, Any]:
+    value = getattr(module, name, {})
+    if not isinstance(value, dict) or any(not isinstance(v, (list, tuple)) for v in value.values()):
+        raise KernelFileError(f"{path}: {name} must be a dict of lists")
+    return value
+
+
 def load_kernel(path: str | Path) -> KernelSpec:
     """Import a kernel file and check its contract; errors are one line."""
     path = Path(path)
@@ -227,5 +244,6 @@ def load_kernel(path: str | Path) -> KernelSpec:
         params={k: tuple(v) for k, v in params.items()},
         outputs=tuple(getattr(module, "OUTPUTS", (-1,))),
         tolerance=float(getattr(module, "TOLERANCE", 1e-2)),
+        scheduled_only={k: tuple(v) for k, v in _mapping_of_lists(module, "SCHEDULED_ONLY", path).items()},
         module=module,
     )

@@ -134,9 +134,11 @@ class Task:
         return [Candidate.make({"vendor": n}, None, Lowering.REFERENCE) for n in names] or [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
-        """The kernel's seed schedule, tilelang's default lowering and role_based, at one point."""
+        """The kernel's seed schedule, tilelang's default lowering and role_based, at one point
+        (tilelang's own lowerings only where the kernel is right in any order)."""
         seed = self.space().seed_candidate(tuple(sorted(params.items())))
-        out = [Candidate.make(params, None, Lowering.DEFAULT), Candidate.make(params, None, Lowering.ROLE_BASED)]
+        lowerings = () if self.spec.needs_schedule(params) else (Lowering.DEFAULT, Lowering.ROLE_BASED)
+        out = [Candidate.make(params, None, lowering) for lowering in lowerings]
         return ([seed] if isinstance(seed, Candidate) else []) + out
 
 
