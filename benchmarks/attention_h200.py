@@ -20,7 +20,7 @@ from pathlib import Path
 import harness
 
 ROOT = Path(__file__).resolve().parent.parent
-GRID = {"block_M": (128,), "block_N": (64, 128), "stages": (1, 2), "mma": ("sync", "async"), "consumers": ("cooperative", "pingpong")}
+GRID = {"block_M": (128,), "block_N": (64, 128), "stages": (2,), "mma": ("sync", "async"), "consumers": ("cooperative", "pingpong")}
 COLUMNS = [("problem", "shape", None), ("SDPA best", "reference_tflops", "reference"), ("backend", "reference_vendor", None),
            ("tilelang default", "default_tflops", "default"), ("role_based", "role_based_tflops", "role_based"),
            ("seed", "seed_tflops", "seed"), ("ws-tune", "ws_tune_tflops", "ws"), ("vs tilelang", "vs_tilelang", None),
