@@ -1,0 +1,58 @@
+"""Launch a kernel file's seed schedule and its vendor baselines under a profiler
+(run it on the GPU machine, under Nsight Compute):
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
+        python benchmarks/profile_kernels.py examples/attention.py \\
+            --shape B=4,H=16,S=4096,D=128,causal=0 --param block_M=128,block_N=128,stages=2,mma=async,consumers=cooperative
+
+Everything is built and warmed up first; only the profiled launches (each
+kernel ``--launches`` times, seed first, then every vendor) fall between
+cudaProfilerStart and cudaProfilerStop, so ncu sees those kernels alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ws_tuner import gpu
+from ws_tuner.kernel import load_kernel
+from ws_tuner.runner import RunInput
+from ws_tuner.task import Task
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--shape", required=True)
+    ap.add_argument("--param", required=True, help="one kernel-parameter point, every parameter pinned")
+    ap.add_argument("--launches", type=int, default=1)
+    args = ap.parse_args()
+    spec = load_kernel(args.file)
+    task = Task.make(spec, spec.parse_problem(args.shape), spec.parse_params(args.param))
+    point = next(iter(task.space().param_points()))
+    seed = task.space().seed_candidate(point)
+    if isinstance(seed, str):
+        raise SystemExit(f"no seed at {args.param}: {seed}")
+    _, launch = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, seed))
+    inputs = spec.inputs(task.problem, "cuda")
+    kernels = {"seed": lambda: launch(inputs)}
+    kernels |= {name: (lambda fn=spec.vendor(task.problem, name): fn(inputs)) for name in spec.vendor_names(task.problem)}
+    for fn in kernels.values():  # compile, autotune and warm up outside the profiled range
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in kernels.items():
+        torch.cuda.nvtx.range_push(name)
+        for _ in range(args.launches):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("profiled:", ", ".join(kernels), "| seed:", seed.describe())
+
+
+if __name__ == "__main__":
+    main()
