@@ -45,7 +45,12 @@ def is_db_error(exc: BaseException) -> bool:
 
 class Retrying:
     """Database calls retried with backoff through outages (a restart of
-    PostgreSQL), until ``abort`` is set: then a failing call gives up at once.
+    PostgreSQL), until ``abort`` is set: then a failing call gives up at once,
+    and no new call is made at all. Each attempt on a silent database costs its
+    own timeouts (a pooled connection's check, then a new connection's), so a
+    worker leaving would otherwise spend them once per call still on its way
+    out (every result in a batch, the sampler's tell of each); what it holds
+    is handed back by its goodbye instead, bounded as a whole.
 
     ``retry.call("what", fn, ...)`` retries one call; ``retry(target).method(...)``
     retries every method call on ``target`` (a queue, a store), named for the log."""
@@ -56,6 +61,8 @@ class Retrying:
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         delay = 0.2
         while True:
+            if self.abort.is_set():
+                raise StoreError(f"{what}: not attempted, the worker is leaving")
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - StoreError, or Optuna's wrapping of a driver error

@@ -23,7 +23,8 @@ How the promises are kept (the store's ``queue.py`` holds the SQL):
   ``drain_timeout`` or are handed back (re-queued, not failed). A second
   signal hands them back at once. Either way the worker is gone within the
   drain time even while the database does not answer: database calls in
-  flight are cut, and the goodbyes to the database are given a few seconds.
+  flight are cut, no new one is made (``Retrying``), and the goodbye to the
+  database (handing back the leases, signing off) is given a few seconds in all.
 
 The pieces: ``stages.py`` (the builder, the runner, a job's engine),
 ``recorder.py`` (the job's recorder, retried database calls, held leases).
@@ -240,9 +241,13 @@ class Worker:
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
             pipeline.choose_anchor(engine.anchors())
             pipeline.run()
-            if self._abort.is_set():  # what is still in flight goes back to the queue
-                self._hand_back([slot.handle for slot in pipeline.abandon()])
         finally:
+            if self._abort.is_set():
+                # Leaving, whether the loop saw it or a refused database call ended it:
+                # what is in flight is cancelled (nobody waits for its compile or run),
+                # and its leases, still in self.leases, go back in the goodbye, bounded
+                # as a whole, not here one database call at a time.
+                pipeline.abandon()
             strategy.post_tuning()
         if not self._abort.is_set() and queue.complete_job_if_done(job.id):
             _log.info("job %d succeeded", job.id)

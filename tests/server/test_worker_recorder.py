@@ -3,17 +3,20 @@ slots, on a real store (SQLite and PostgreSQL) with the worker's test doubles.""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from svc_helpers import fast_settings
 
 from ws_tuner import search
 from ws_tuner.pipeline import Pipeline, PipelineOptions, TuneReport
 from ws_tuner.result import Status
-from ws_tuner.server.recorder import JobRecorder
+from ws_tuner.server.recorder import JobRecorder, Retrying
 from ws_tuner.server.worker import Worker
+from ws_tuner.store import StoreError
 from ws_tuner.store.queue import JobQueue
 from ws_tuner.testing.service import FakeBuilder, test_stages
 from ws_tuner.workload import WorkloadKey
@@ -64,3 +67,21 @@ def test_a_refused_result_is_measured_again_when_its_slot_comes_back(
     trials, count = worker.queue.job_trials(job.id)
     assert count == 1 and trials[0].state == "done" and trials[0].status == Status.OK.value
     assert store.status_counts(workload_id=workload_id) == {Status.OK.value: 1}
+
+
+def test_a_leaving_worker_makes_no_new_database_call() -> None:
+    """Once aborting, a retried call fails without trying: against a silent database each
+    try costs its own timeouts, and a leaving worker has many calls on its way out."""
+    abort = threading.Event()
+    retry = Retrying(abort)
+    calls: list[str] = []
+
+    def call(what: str) -> str:
+        calls.append(what)
+        return what
+
+    assert retry.call("record", call, "before") == "before"
+    abort.set()
+    with pytest.raises(StoreError, match="not attempted"):
+        retry.call("record", call, "after")
+    assert calls == ["before"]
