@@ -173,3 +173,20 @@ def test_the_shipped_config_and_env_example_load(monkeypatch):
 def test_a_bad_db_in_the_service_settings_is_one_line(tmp_path):
     proc = _serve(tmp_path, {"WS_TUNE_DB": "oops"}, db=False)
     assert_one_line_error(proc, "'oops' is neither a database URL")
+
+
+def test_a_baseline_faster_than_every_searched_schedule_is_named():
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.cli.tuning import faster_baselines
+    from ws_tuner.pipeline import BASELINE, SEARCH, TrialRecord
+    from ws_tuner.result import Status, TrialResult
+
+    def record(params: dict, lowering: Lowering, ratio: float, role: str) -> TrialRecord:
+        cand = Candidate.make(params, None, lowering)
+        return TrialRecord(cand, TrialResult(cand.hash, Status.OK, ratio=ratio, confirmed=True), role)
+
+    best = record({"block_N": 128}, Lowering.DEFAULT, 1.0, SEARCH)  # stands in for the best searched schedule
+    default = record({"block_N": 64}, Lowering.DEFAULT, 0.95, BASELINE)
+    role_based = record({"block_N": 64}, Lowering.ROLE_BASED, 0.995, BASELINE)  # within the tournament's 1%
+    lines = faster_baselines([("ws-tune best", best), ("default", default), ("role_based", role_based), ("reference", None)], best)
+    assert len(lines) == 1 and lines[0].startswith("note: default (") and "5.3% faster" in lines[0]

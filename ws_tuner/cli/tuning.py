@@ -113,6 +113,8 @@ def _print_report(report: Any, task: Any) -> None:
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
     out.print(speed_table(rows, best))
+    for line in faster_baselines(rows, best):
+        out.print(line)
     if report.anchor is not None:
         out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
     if best is not None and best.candidate.lowering is Lowering.WS:
@@ -136,6 +138,17 @@ def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
                       f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
                       f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
     return speed
+
+
+def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.01) -> list[str]:
+    """A line for each baseline that beat every searched schedule by more than the
+    tournament's resolution (``margin``): the user should take that one instead."""
+    lines = []
+    for name, rec in rows:
+        rel = _relative(best.result, rec.result) if best is not None and rec is not None and rec is not best else None
+        if rel is not None and rel < 1 - margin:
+            lines.append(f"note: {name} ({rec.candidate.describe()}) is {1 / rel - 1:.1%} faster than the best searched schedule")
+    return lines
 
 
 def _relative(best: Any, other: Any) -> float | None:
