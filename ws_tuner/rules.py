@@ -2,9 +2,10 @@
 verifier does not check and ptxas or the launch would refuse (or run badly).
 
 - ``register_reason``: setmaxnreg budgets agree within a warpgroup, stay
-  under ptxas' cap, and fit the 64K-register pool (the sum over warpgroups
-  of max_nreg x 128 threads; a warpgroup without a budget keeps the launch's
-  share);
+  under ptxas' cap, move the way tilelang's instruction moves them (see
+  ``launch_registers``), and fit the 64K-register pool (the sum over
+  warpgroups of max_nreg x 128 threads; a warpgroup without a budget keeps
+  the launch's share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
   write, as a warpgroup MMA must.
 """
@@ -18,6 +19,9 @@ from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Role, Schedule
 REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
 MAX_THREADS = 1024
 PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
+# MaterializeWSSchedule raises a budget at or above this (setmaxnreg.inc) and
+# lowers one below it (setmaxnreg.dec): kNregIncThreshold in tilelang 0.1.15.
+SETMAXNREG_INC_FROM = 128
 WGMMA_MIN_ROWS = 64  # tilelang lowers a T.gemm of fewer rows to other MMAs
 
 
@@ -37,6 +41,13 @@ def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[tuple[int, int]
     return None
 
 
+def launch_registers(threads: int) -> int:
+    """Registers per thread a kernel that uses setmaxnreg starts with: ptxas gives
+    it all that ``__launch_bounds__(threads, 1)`` allows, in steps of 8 (168 at
+    384 threads, as ptxas reports for such kernels)."""
+    return min(PTXAS_MAX_NREG, REGISTER_FILE // threads) // 8 * 8
+
+
 def register_reason(schedule: Schedule) -> str | None:
     """Static register rules of a schedule: alignment of budgets, the ptxas cap, the register file."""
     per_wg: dict[int, set[int]] = {}
@@ -47,6 +58,14 @@ def register_reason(schedule: Schedule) -> str | None:
             return f"nreg: {role.name} max_nreg {role.max_nreg} > {PTXAS_MAX_NREG} (ptxas rejects it)"
         for wg in role.warpgroups():
             per_wg.setdefault(wg, set()).add(role.max_nreg)
+    start = launch_registers(schedule.threads)
+    for role in schedule.roles:
+        # setmaxnreg.inc to fewer registers than a warp holds (or .dec to more) is
+        # undefined: on the H200 such consumers died with "illegal instruction".
+        raised = role.max_nreg >= SETMAXNREG_INC_FROM
+        if role.max_nreg and (role.max_nreg < start if raised else role.max_nreg > start):
+            return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if raised else 'lowered'} (setmaxnreg."
+                    f"{'inc' if raised else 'dec'}) from the {start} registers per thread it starts with")  # fmt: skip
     mixed = next((wg for wg, values in per_wg.items() if len(values) > 1), None)
     if mixed is not None:
         return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(per_wg[mixed])}"

@@ -149,6 +149,11 @@ def test_register_rules_on_hand_written_schedules():
     # The pool is per warpgroup of 128 threads: three consumer warpgroups at 152 and a producer one at 40 fit; at 160 they do not.
     assert register_reason(sched(Role("c", 0, 12, 152), Role("p", 12, 13, 40), warps=16)) is None
     assert "66560" in register_reason(sched(Role("c", 0, 12, 160), Role("p", 12, 13, 40), warps=16))
+    # A budget at or above 128 is raised from the launch's 168 (384 threads): to 160 it would shrink (it crashed on the H200).
+    assert "raised (setmaxnreg.inc) from the 168" in register_reason(sched(Role("c0", 0, 4, 240), Role("c1", 4, 8, 160), Role("p", 8, 9, 24)))
+    assert register_reason(sched(Role("c0", 0, 4, 240), Role("c1", 4, 8, 168), Role("p", 8, 9, 24))) is None
+    # And one under 128 is lowered: above the launch's 96 (640 threads) it would grow.
+    assert "lowered (setmaxnreg.dec) from the 96" in register_reason(sched(Role("c", 0, 16, 104), Role("p", 16, 17, 40), warps=20))
 
 
 def test_mma_rule_on_hand_written_roles():
