@@ -104,15 +104,20 @@ def test_ctrl_c_keeps_what_was_stored_and_says_how_to_resume(tmp_path, example_p
             "--param", "block_M=128,block_N=256,epilogue=direct,persistent=false,swizzle=8"]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "ws_tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "WS_TUNE_DB": ""}, start_new_session=True)  # fmt: skip
-    seen = []
-    for line in proc.stderr:  # plain lines: stderr is a pipe
-        seen.append(line)
-        if re.match(r"\[\d+/50 search, \d+ baseline/warm\] \w+: built", line):
-            break
-    else:
-        pytest.fail(f"no trial line before the end: {proc.wait()} {''.join(seen)}")
-    os.killpg(proc.pid, signal.SIGINT)
-    stdout, rest = proc.communicate(timeout=300)
+    try:
+        seen = []
+        for line in proc.stderr:  # plain lines: stderr is a pipe
+            seen.append(line)
+            if re.match(r"\[\d+/50 search, \d+ baseline/warm\] \w+: built", line):
+                break
+        else:
+            pytest.fail(f"no trial line before the end: {proc.wait()} {''.join(seen)}")
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, rest = proc.communicate(timeout=300)
+    finally:  # a failed wait must not leave the tuning and its compile workers running
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == 130, (stdout, rest)
     match = re.search(r"^interrupted: (\d+) stored, re-run to resume$", rest, re.M)
     assert match, rest
