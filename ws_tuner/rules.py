@@ -49,7 +49,8 @@ def launch_registers(threads: int) -> int:
 
 
 def register_reason(schedule: Schedule) -> str | None:
-    """Static register rules of a schedule: alignment of budgets, the ptxas cap, the register file."""
+    """Static register rules of a schedule: alignment of budgets, the ptxas cap, the direction
+    setmaxnreg moves them, the register file."""
     per_wg: dict[int, set[int]] = {}
     for role in schedule.roles:
         if role.warp_lo < 0 or role.warp_hi > schedule.num_warps or role.warp_lo >= role.warp_hi:
