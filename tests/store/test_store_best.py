@@ -4,8 +4,12 @@ rank index in order (no sort: the cost does not grow with the workload)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from sqlalchemy import text
 
@@ -15,11 +19,22 @@ from ws_tuner.store import Store
 from ws_tuner.store.repository import _BEST_AT
 
 
+_LOOP = asyncio.new_event_loop()  # best_stored_async's connections serve one loop: the same for every test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_loop() -> Iterator[None]:
+    yield
+    _LOOP.close()
+
+
 def _lookup(store: Store, key: Any) -> Any:
-    """``best_stored``'s answer, checked against the server's raw-driver path (``best_stored_fast``)."""
+    """``best_stored``'s answer, checked against the server's raw-driver paths
+    (``best_stored_fast``, and ``best_stored_async`` on an event loop)."""
     where = {"kernel": key.kernel, "source_hash": key.source_hash, "problem": key.problem, "device": key.device}
     found = store.best_stored(**where)
     assert store.best_stored_fast(**where) == found
+    assert _LOOP.run_until_complete(store.best_stored_async(**where)) == found
     return found
 
 

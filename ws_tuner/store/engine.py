@@ -267,7 +267,6 @@ class Database:
         self.display_url = mask_url(url)  # for messages: never shows a password
         self.timeouts = timeouts or DbTimeouts()
         self.engine = make_engine(url, self.timeouts, pool_size)
-        self.pool_size = pool_size
         self._read_engine = self.engine.execution_options(ws_tune_read_only=True)
         self.sql = Sql(self.engine.dialect.name)
         # Lookups need no transaction: on PostgreSQL each read runs in autocommit (no

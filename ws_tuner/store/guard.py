@@ -122,15 +122,22 @@ def _shutdown(dbapi_connection: Any) -> int:
     return 1
 
 
-def configure_postgresql_session(dbapi_connection: Any, timeouts: DbTimeouts) -> None:
+def session_settings(timeouts: DbTimeouts) -> list[str]:
     """The server-side bounds of a new PostgreSQL connection (the engine's, and the
     best lookup's own: bestread.py)."""
-    with dbapi_connection.cursor() as cursor:
-        cursor.execute(f"SET statement_timeout = {int(timeouts.statement * 1000)}")
-        cursor.execute(f"SET lock_timeout = {int(timeouts.lock * 1000)}")
+    return [
+        f"SET statement_timeout = {int(timeouts.statement * 1000)}",
+        f"SET lock_timeout = {int(timeouts.lock * 1000)}",
         # Every transaction here takes milliseconds; one idle this long has lost its client
         # (the job queue tightens this to its grace period: engine.abort_stalled_transactions).
-        cursor.execute(f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}")
+        f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}",
+    ]
+
+
+def configure_postgresql_session(dbapi_connection: Any, timeouts: DbTimeouts) -> None:
+    with dbapi_connection.cursor() as cursor:
+        for statement in session_settings(timeouts):
+            cursor.execute(statement)
     dbapi_connection.commit()
 
 

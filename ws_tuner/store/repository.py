@@ -146,12 +146,27 @@ def trials_query() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
 
+def _stored_best(rows: list[tuple[Any, ...]]) -> StoredBest | None:
+    """The best of _BEST_ROW's rows (one a toolchain) as ``best_stored`` returns it."""
+    if not rows:
+        return None
+    best = min(rows, key=_raw_rank) if len(rows) > 1 else rows[0]
+    key = WorkloadKey(*best[:_N_KEY])
+    trial_id, updated_at, median_ms, p20_ms, p80_ms, reps, tflops, _, _, candidate_hash, lowering, params, schedule = best[_N_KEY:]
+    return StoredBest(
+        trial_id, utc(updated_at), median_ms, p20_ms, p80_ms, reps, tflops, candidate_hash, lowering, params, schedule, key
+    )  # fmt: skip
+
+
 class Store(Database):
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
     def __init__(self, url: str, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> None:
         super().__init__(url, timeouts=timeouts, pool_size=pool_size)
-        self._best_query: RawQuery | None = None  # best_stored_fast's, opened on first use
+        # best_stored_fast's statement on the raw driver (connections opened on first use); not
+        # for a SQLite database in memory, which exists only in the engine's one connection.
+        in_memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
+        self._best_query = None if in_memory else RawQuery(self, _BEST_ROW, max_idle=pool_size or 5)
         try:
             ensure_schema(self)
         except BaseException:
@@ -318,20 +333,15 @@ class Store(Database):
         the raw driver over connections of its own (bestread.py), about a third of
         the CPU. A SQLite database in memory has only the engine's one connection:
         ``best_stored`` answers there."""
-        if self._best_query is None:
-            if self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:"):
-                return self.best_stored(kernel=kernel, source_hash=source_hash, problem=problem, device=device)
-            self._best_query = RawQuery(self, _BEST_ROW, max_idle=self.pool_size or 5)
         where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
-        rows = self._best_query.all(where)
-        if not rows:
-            return None
-        best = min(rows, key=_raw_rank) if len(rows) > 1 else rows[0]
-        key = WorkloadKey(*best[:_N_KEY])
-        trial_id, updated_at, median_ms, p20_ms, p80_ms, reps, tflops, _, _, candidate_hash, lowering, params, schedule = best[_N_KEY:]
-        return StoredBest(
-            trial_id, utc(updated_at), median_ms, p20_ms, p80_ms, reps, tflops, candidate_hash, lowering, params, schedule, key
-        )  # fmt: skip
+        query = self._best_query
+        return self.best_stored(**where) if query is None else _stored_best(query.all(where))
+
+    async def best_stored_async(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
+        """``best_stored_fast`` on the calling event loop, without a thread (bestread.py)."""
+        where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        query = self._best_query
+        return self.best_stored(**where) if query is None else _stored_best(await query.all_async(where))
 
     def status_counts(self, *, workload_id: int) -> dict[str, int]:
         """How many trials of the workload are in each status (status value -> count)."""
