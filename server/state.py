@@ -104,19 +104,23 @@ class WorkloadDirectory:
     def get(self, kernel: str, problem: str) -> list[tuple[str, str]]:
         if self.ttl <= 0:
             return [(source, device) for _, source, _, device in self.store.workload_directory(kernel=kernel, problem=problem)]
-        if time.monotonic() - self._taken_at > self.ttl:
-            with self._lock:  # one refresh at a time; the others take its snapshot
-                if time.monotonic() - self._taken_at > self.ttl:
-                    taken_at = time.monotonic()
-                    snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
-                    for k, source, p, device in self.store.workload_directory():
-                        snapshot.setdefault((k, p), []).append((source, device))
-                    self._snapshot, self._taken_at = snapshot, taken_at
+        if not self.fresh():
+            self.refresh()
         return self._snapshot.get((kernel, problem), [])
 
     def fresh(self) -> bool:
         """Whether ``get`` answers from the snapshot without a query."""
         return self.ttl > 0 and time.monotonic() - self._taken_at <= self.ttl
+
+    def refresh(self) -> None:
+        """A new snapshot, unless another caller took one meanwhile."""
+        with self._lock:  # one refresh at a time; the others take its snapshot
+            if time.monotonic() - self._taken_at > self.ttl:
+                taken_at = time.monotonic()
+                snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                for k, source, p, device in self.store.workload_directory():
+                    snapshot.setdefault((k, p), []).append((source, device))
+                self._snapshot, self._taken_at = snapshot, taken_at
 
 
 class Services:
@@ -320,8 +324,14 @@ class Services:
             if not entry[1]:
                 self.refresh_best(key)
             return entry[0]
+        # What memory lacks is fetched in a thread first (the directory every workload_directory_ttl,
+        # the kernel's registration every 5 s), so that a lookup then goes on here.
+        if self.workloads.ttl > 0 and not self.workloads.fresh():
+            await run_in_threadpool(self.workloads.refresh)
+        if self._kernels.get(kernel) is None:
+            await run_in_threadpool(self.registered_kernel, kernel)
         question = self._best_question(kernel, problem, device, source_hash, from_memory=True)
-        if question is None:
+        if question is None:  # still not in memory (expired meanwhile), or an unregistered kernel's sources
             return await run_in_threadpool(self._answer_and_remember, key)
         if isinstance(question, CachedAnswer):
             return self._remember(key, question)

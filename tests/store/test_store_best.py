@@ -130,3 +130,27 @@ def test_the_fast_path_gives_the_stored_answer(store: Store, factories: Any) -> 
     store.commit_trial(workload_id=store.workload_id(other), candidate=faster, result=factories.result(faster, Status.OK, 0.1, ratio=0.5, confirmed=True))
     assert _lookup(store, key).key == other
     assert _lookup(store, dataclasses.replace(key, problem='{"M": 1}')) is None
+
+
+def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store) -> None:
+    """On PostgreSQL the raw path's prepared statement keeps one generic plan
+    (bestread.py): that plan, made without the key's values, must still read the rank
+    index in order. Sorting is made prohibitively dear, as in the test above."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite plans each statement as it is prepared")
+    query = store._best_query
+    assert query is not None
+    names = list(query.params({"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}))
+    statement = query.sql
+    for i, name in enumerate(names, 1):
+        statement = statement.replace(f"%({name})s", f"${i}")
+    with store.engine.connect() as connection:
+        for setting in ("plan_cache_mode = force_generic_plan", "enable_sort = off", "enable_seqscan = off"):
+            connection.execute(text(f"SET LOCAL {setting}"))
+        connection.exec_driver_sql(f"PREPARE ws_tune_best ({', '.join('text' for _ in names)}) AS {statement}")
+        arguments = ", ".join("'x'" for _ in names)
+        plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN EXECUTE ws_tune_best({arguments})")]
+        connection.exec_driver_sql("DEALLOCATE ws_tune_best")
+    assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
+    assert not any("Sort" in line for line in plan), plan
+    assert all("$" not in line for line in plan if "lowering" in line or "status" in line), plan

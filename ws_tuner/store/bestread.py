@@ -60,6 +60,14 @@ class RawQuery:
         # with the caller's by name; positional drivers (sqlite3: qmark) get them in order.
         self._defaults = dict(compiled.params)  # the caller's names unset here, given at each call
         self._order = compiled.positiontup if compiled.positional else None
+        if self.pg:
+            # The statement's constants written in: the generic plan kept below must see them (with
+            # them as parameters it estimated the excluded lowering as matching one row, and read
+            # a 100,000-trial workload through a sort in 430 ms instead of the rank index in 0.1).
+            constants = {name: value for name, value in self._defaults.items() if value is not None}
+            for name, value in constants.items():
+                self.sql = self.sql.replace(f"%({name})s", _pg_literal(value))
+            self._defaults = {name: value for name, value in self._defaults.items() if name not in constants}
         self._types = [column.type.dialect_impl(dialect) for column in statement.selected_columns]
         self._processors: list[tuple[int, Callable[[Any], Any]]] | None = None  # from the first result's column types
         self._cargs, self._cparams = dialect.create_connect_args(engine.url)
@@ -174,6 +182,14 @@ class RawQuery:
             executor.shutdown(wait=True, cancel_futures=True)
         for connection, _ in idle:
             connection.close()
+
+
+def _pg_literal(value: Any) -> str:
+    """A constant of the statement as PostgreSQL text (a '%' doubled for the driver's placeholders)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"no literal for {value!r} in the best lookup's statement")
+    text = str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
+    return text.replace("%", "%%")
 
 
 def _plan_settings(connection: Any) -> list[str]:
