@@ -155,6 +155,8 @@ def _no_null_parameters(spec: dict[str, Any]) -> None:
 
 def app_from_env() -> Any:
     """The factory uvicorn's worker processes call (``--factory``)."""
-    from .process import seal
+    from .process import freeze_startup_objects, seal
 
-    return create_app(seal(Settings()))
+    app = create_app(seal(Settings()))
+    freeze_startup_objects()
+    return app

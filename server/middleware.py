@@ -7,8 +7,6 @@ import json
 import time
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 Scope = dict[str, Any]
 
 
@@ -106,7 +104,7 @@ class BestLookupFastPath:
                 if key is not None:
                     # A query string the route validated before, its answer not in memory (expired,
                     # or the cache is off): looked up again here, without routing and validation.
-                    answer = await run_in_threadpool(self.services.best_answer, *key)
+                    answer = await self.services.best_answer_async(*key)
                 if answer is not None:
                     await _send_answer(send, answer, headers.get(b"if-none-match"))
                     return

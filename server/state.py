@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from starlette.concurrency import run_in_threadpool
+
 from ..candidate import canonical_json
 from ..schedule import Schedule
 from ..store import Store, open_store
@@ -102,15 +104,23 @@ class WorkloadDirectory:
     def get(self, kernel: str, problem: str) -> list[tuple[str, str]]:
         if self.ttl <= 0:
             return [(source, device) for _, source, _, device in self.store.workload_directory(kernel=kernel, problem=problem)]
-        if time.monotonic() - self._taken_at > self.ttl:
-            with self._lock:  # one refresh at a time; the others take its snapshot
-                if time.monotonic() - self._taken_at > self.ttl:
-                    taken_at = time.monotonic()
-                    snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
-                    for k, source, p, device in self.store.workload_directory():
-                        snapshot.setdefault((k, p), []).append((source, device))
-                    self._snapshot, self._taken_at = snapshot, taken_at
+        if not self.fresh():
+            self.refresh()
         return self._snapshot.get((kernel, problem), [])
+
+    def fresh(self) -> bool:
+        """Whether ``get`` answers from the snapshot without a query."""
+        return self.ttl > 0 and time.monotonic() - self._taken_at <= self.ttl
+
+    def refresh(self) -> None:
+        """A new snapshot, unless another caller took one meanwhile."""
+        with self._lock:  # one refresh at a time; the others take its snapshot
+            if time.monotonic() - self._taken_at > self.ttl:
+                taken_at = time.monotonic()
+                snapshot: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                for k, source, p, device in self.store.workload_directory():
+                    snapshot.setdefault((k, p), []).append((source, device))
+                self._snapshot, self._taken_at = snapshot, taken_at
 
 
 class Services:
@@ -272,7 +282,10 @@ class Services:
                 self._refreshing.discard(key)
 
     def _answer_and_remember(self, key: tuple[Any, ...]) -> CachedAnswer:
-        answer = self.best_cache.put(key, self._lookup_best(*key))
+        return self._remember(key, self._lookup_best(*key))
+
+    def _remember(self, key: tuple[Any, ...], answer: CachedAnswer) -> CachedAnswer:
+        self.best_cache.put(key, answer)
         for query in list(self._raw_queries.get(key, ())):
             self.best_cache.put(("raw", query), answer)
         return answer
@@ -294,10 +307,54 @@ class Services:
         return found
 
     def _lookup_best(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
-        registered = self.registered_kernel(kernel)
+        question = self._best_question(kernel, problem, device, source_hash, from_memory=False)
+        assert question is not None
+        if isinstance(question, CachedAnswer):
+            return question
+        return question.answer(self.store.best_stored_fast(**question.where) if question.where else None)
+
+    async def best_answer_async(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
+        """``best_answer`` without the hop into the thread pool and back (which cost more
+        CPU than the query) when everything but the best row is in memory, as it is under
+        load: the kernel's registration, the canonical problem, the workload directory.
+        Else in the thread pool, as before."""
+        key = (kernel, problem, device, source_hash)
+        entry = self.best_cache.peek(key, self.BEST_MAX_STALE)
+        if entry is not None:
+            if not entry[1]:
+                self.refresh_best(key)
+            return entry[0]
+        # What memory lacks is fetched in a thread first (the directory every workload_directory_ttl,
+        # the kernel's registration every 5 s), so that a lookup then goes on here.
+        if self.workloads.ttl > 0 and not self.workloads.fresh():
+            await run_in_threadpool(self.workloads.refresh)
+        if self._kernels.get(kernel) is None:
+            await run_in_threadpool(self.registered_kernel, kernel)
+        question = self._best_question(kernel, problem, device, source_hash, from_memory=True)
+        if question is None:  # still not in memory (expired meanwhile), or an unregistered kernel's sources
+            return await run_in_threadpool(self._answer_and_remember, key)
+        if isinstance(question, CachedAnswer):
+            return self._remember(key, question)
+        best = await self.store.best_stored_async(**question.where) if question.where else None
+        return self._remember(key, question.answer(best))
+
+    def _best_question(
+        self, kernel: str, problem: str, device: str, source_hash: str | None, *, from_memory: bool
+    ) -> CachedAnswer | _BestQuestion | None:
+        """What a lookup asks the store (or its answer when memory has it: a 422, 404 or
+        409). With ``from_memory``, None where finding out would take a query."""
+        if from_memory:
+            known = self._kernels.get(kernel)
+            if known is None:
+                return None
+            registered = None if known is _MISSING else known
+        else:
+            registered = self.registered_kernel(kernel)
         problem_json = self._canonical_problem(kernel, problem, registered)
         if isinstance(problem_json, CachedAnswer):
             return problem_json
+        if from_memory and not self.workloads.fresh():
+            return None
         stored = self.workloads.get(kernel, problem_json)
         if not stored:  # known absent: nothing was ever tuned for this kernel and problem
             return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}"))
@@ -306,20 +363,51 @@ class Services:
         if source_hash is None and registered is not None:
             source_hash = registered.sha256
         if source_hash is None:
+            if from_memory:
+                return None
             sources = self.registry.timed_sources(kernel=kernel, problem=problem_json, device=device)
             if len(sources) > 1:
                 return CachedAnswer(409, _error(f"results of several sources of {kernel} at {problem_json} on {device!r}; "
                                                 "choose one with source_hash"))  # fmt: skip
             source_hash = sources[0] if sources else None
-        best = self.store.best_stored(kernel=kernel, source_hash=source_hash, problem=problem_json, device=device) if source_hash else None
-        if best is None:
-            # e.g. only compile-only results (workers without a GPU time nothing), or another device's
-            why = untimed_note(device, (d for s, d in stored if source_hash is None or s == source_hash))
-            return CachedAnswer(404, _error(f"no timed result for {kernel} at {problem_json} on {device!r}{why}"))
-        # The ETag names the stored row's version: it changes when a faster trial
-        # wins or this one is re-measured, whichever server process answers.
-        tag = hashlib.sha256(f"{best.trial_id}:{best.updated_at.isoformat()}:{best.candidate_hash}".encode()).hexdigest()[:32]
-        return CachedAnswer(200, best_json(best), f'"{tag}"')
+        return _BestQuestion(kernel, problem_json, device, source_hash, stored)
+
+
+@dataclass(frozen=True)
+class _BestQuestion:
+    """A lookup resolved up to the store's query: its answer is found_answer of the best
+    row, or a 404 that explains from the workload directory why there is none."""
+
+    kernel: str
+    problem_json: str
+    device: str
+    source_hash: str | None
+    stored: list[tuple[str, str]]  # (source hash, device) of the workloads of (kernel, problem)
+
+    @property
+    def where(self) -> dict[str, str] | None:
+        """best_stored's arguments; None when no source has results (nothing to ask)."""
+        if self.source_hash is None:
+            return None
+        return {"kernel": self.kernel, "source_hash": self.source_hash, "problem": self.problem_json, "device": self.device}
+
+    def answer(self, best: StoredBest | None) -> CachedAnswer:
+        if best is not None:
+            return found_answer(best)
+        # e.g. only compile-only results (workers without a GPU time nothing), or another device's
+        why = untimed_note(self.device, (d for s, d in self.stored if self.source_hash is None or s == self.source_hash))
+        return CachedAnswer(404, _error(f"no timed result for {self.kernel} at {self.problem_json} on {self.device!r}{why}"))
+
+
+@functools.lru_cache(maxsize=1024)
+def found_answer(best: StoredBest) -> CachedAnswer:
+    """The 200 answer for a stored best, remembered by the row's values: the answer is
+    made of them alone, so a row read again unchanged needs no new JSON nor ETag
+    (building them took a quarter of an uncached lookup). A changed row is another key."""
+    # The ETag names the stored row's version: it changes when a faster trial
+    # wins or this one is re-measured, whichever server process answers.
+    tag = hashlib.sha256(f"{best.trial_id}:{best.updated_at.isoformat()}:{best.candidate_hash}".encode()).hexdigest()[:32]
+    return CachedAnswer(200, best_json(best), f'"{tag}"')
 
 
 def best_json(best: StoredBest) -> bytes:

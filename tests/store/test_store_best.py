@@ -1,11 +1,15 @@
-"""The best-schedule lookup (``Store.best_stored``): the exact rank order across
-toolchains, the reference lowering never the answer, and a plan that reads the
+"""The best-schedule lookup (``Store.best_stored``, and the same on the raw driver:
+``best_stored_fast``): the exact rank order across toolchains, the reference lowering never the answer, and a plan that reads the
 rank index in order (no sort: the cost does not grow with the workload)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from sqlalchemy import text
 
@@ -15,8 +19,23 @@ from ws_tuner.store import Store
 from ws_tuner.store.repository import _BEST_AT
 
 
+_LOOP = asyncio.new_event_loop()  # best_stored_async's connections serve one loop: the same for every test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_loop() -> Iterator[None]:
+    yield
+    _LOOP.close()
+
+
 def _lookup(store: Store, key: Any) -> Any:
-    return store.best_stored(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+    """``best_stored``'s answer, checked against the server's raw-driver paths
+    (``best_stored_fast``, and ``best_stored_async`` on an event loop)."""
+    where = {"kernel": key.kernel, "source_hash": key.source_hash, "problem": key.problem, "device": key.device}
+    found = store.best_stored(**where)
+    assert store.best_stored_fast(**where) == found
+    assert _LOOP.run_until_complete(store.best_stored_async(**where)) == found
+    return found
 
 
 def test_best_follows_the_rank_order(store: Store, factories: Any) -> None:
@@ -82,3 +101,56 @@ def test_best_reads_the_rank_index_in_order(store: Store) -> None:
             plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {statement}")]
     assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
     assert not any("Sort" in line or "TEMP B-TREE" in line for line in plan), plan
+
+
+def test_the_fast_path_gives_the_stored_answer(store: Store, factories: Any) -> None:
+    """``best_stored_fast`` reads what ``best_stored`` reads, value for value and type for
+    type (SQLite's text times and 0/1 booleans converted as SQLAlchemy converts them), on
+    every kind of row: no ratio, no tflops, no schedule, a re-measured row, another toolchain."""
+    key = factories.key()
+    wid = store.workload_id(key)
+    ws, baseline = factories.candidate(1), factories.candidate(2, Lowering.DEFAULT)
+    store.commit_trial(workload_id=wid, candidate=baseline, result=factories.result(baseline, Status.OK, 0.4))
+    before = _lookup(store, key)
+    assert before.candidate_hash == baseline.hash and before.schedule_json is None and before.tflops is None
+
+    store.commit_trial(workload_id=wid, candidate=ws, result=factories.result(ws, Status.OK, 0.5, ratio=0.9, confirmed=True, tflops=321.5))
+    fast = store.best_stored_fast(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+    assert fast == _lookup(store, key) and fast.candidate_hash == ws.hash and fast.tflops == 321.5
+    assert fast.updated_at.tzinfo is not None and fast.updated_at >= before.updated_at
+    assert (type(fast.median_ms), type(fast.reps), type(fast.trial_id)) == (float, int, int)
+
+    # Re-measured: a new time and version, read afresh by both paths.
+    store.commit_trial(workload_id=wid, candidate=ws, result=factories.result(ws, Status.OK, 0.45, ratio=0.9, confirmed=True))
+    again = _lookup(store, key)
+    assert again.median_ms == 0.45 and again.updated_at >= fast.updated_at
+
+    other = dataclasses.replace(key, cuda_version="13.0")
+    faster = factories.candidate(3)
+    store.commit_trial(workload_id=store.workload_id(other), candidate=faster, result=factories.result(faster, Status.OK, 0.1, ratio=0.5, confirmed=True))
+    assert _lookup(store, key).key == other
+    assert _lookup(store, dataclasses.replace(key, problem='{"M": 1}')) is None
+
+
+def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store) -> None:
+    """On PostgreSQL the raw path's prepared statement keeps one generic plan
+    (bestread.py): that plan, made without the key's values, must still read the rank
+    index in order. Sorting is made prohibitively dear, as in the test above."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite plans each statement as it is prepared")
+    query = store._best_query
+    assert query is not None
+    names = list(query.params({"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}))
+    statement = query.sql
+    for i, name in enumerate(names, 1):
+        statement = statement.replace(f"%({name})s", f"${i}")
+    with store.engine.connect() as connection:
+        for setting in ("plan_cache_mode = force_generic_plan", "enable_sort = off", "enable_seqscan = off"):
+            connection.execute(text(f"SET LOCAL {setting}"))
+        connection.exec_driver_sql(f"PREPARE ws_tune_best ({', '.join('text' for _ in names)}) AS {statement}")
+        arguments = ", ".join("'x'" for _ in names)
+        plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN EXECUTE ws_tune_best({arguments})")]
+        connection.exec_driver_sql("DEALLOCATE ws_tune_best")
+    assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
+    assert not any("Sort" in line for line in plan), plan
+    assert all("$" not in line for line in plan if "lowering" in line or "status" in line), plan

@@ -122,6 +122,25 @@ def _shutdown(dbapi_connection: Any) -> int:
     return 1
 
 
+def session_settings(timeouts: DbTimeouts) -> list[str]:
+    """The server-side bounds of a new PostgreSQL connection (the engine's, and the
+    best lookup's own: bestread.py)."""
+    return [
+        f"SET statement_timeout = {int(timeouts.statement * 1000)}",
+        f"SET lock_timeout = {int(timeouts.lock * 1000)}",
+        # Every transaction here takes milliseconds; one idle this long has lost its client
+        # (the job queue tightens this to its grace period: engine.abort_stalled_transactions).
+        f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}",
+    ]
+
+
+def configure_postgresql_session(dbapi_connection: Any, timeouts: DbTimeouts) -> None:
+    with dbapi_connection.cursor() as cursor:
+        for statement in session_settings(timeouts):
+            cursor.execute(statement)
+    dbapi_connection.commit()
+
+
 def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
     """Bound every wait of ``engine``'s connections (see the module docstring).
     Create the engine without ``pool_pre_ping``: the checkout check here replaces it."""
@@ -129,13 +148,7 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         _watchdog.hold(record, dbapi_connection, timeouts.ping, engine)
         record.info["ws_tune_fresh"] = True
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute(f"SET statement_timeout = {int(timeouts.statement * 1000)}")
-            cursor.execute(f"SET lock_timeout = {int(timeouts.lock * 1000)}")
-            # Every transaction here takes milliseconds; one idle this long has lost its client
-            # (the job queue tightens this to its grace period: engine.abort_stalled_transactions).
-            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(timeouts.checkout * 3000)}")
-        dbapi_connection.commit()
+        configure_postgresql_session(dbapi_connection, timeouts)
 
     def on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         # A connection that worked moments ago needs no check (under load, that is

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,6 +35,7 @@ from ..candidate import Candidate, Lowering, canonical_json
 from ..result import Status, TrialResult
 from ..workload import WorkloadKey
 from .engine import ENV_VAR, Database, StoreError, resolve_db_url, utc
+from .bestread import RawQuery
 from .guard import DbTimeouts
 from .models import CandidateModel, TrialModel, WorkloadModel
 from .records import StoredTrial, stored_trial, workload_key
@@ -118,6 +120,23 @@ _BEST_AT = (
 )
 
 
+# The same lookup for the raw driver (bestread.py): the columns a StoredBest needs, in
+# a fixed order (the whole workload row's metadata cost more than the query's execution).
+_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(WorkloadKey))
+_BEST_ROW = _BEST_AT.with_only_columns(
+    *(getattr(WorkloadModel, name) for name in _KEY_FIELDS), _best.id, _best.updated_at, _best.median_ms, _best.p20_ms,
+    _best.p80_ms, _best.reps, _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash, _best_candidate.lowering,
+    _best_candidate.params, _best_candidate.schedule,
+)  # fmt: skip
+_N_KEY = len(_KEY_FIELDS)
+
+
+def _raw_rank(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """_rank on a _BEST_ROW tuple."""
+    trial_id, median_ms, confirmed, ratio = row[_N_KEY], row[_N_KEY + 2], row[_N_KEY + 7], row[_N_KEY + 8]
+    return (not confirmed, ratio is None, ratio or 0.0, median_ms, trial_id)
+
+
 def _rank(row: Any) -> tuple[Any, ...]:
     """RANK_ORDER in Python, to pick among the best trials of several workloads."""
     return (not row.confirmed, row.ratio is None, row.ratio or 0.0, row.median_ms, row.trial_id)
@@ -127,11 +146,27 @@ def trials_query() -> Select[TrialModel, CandidateModel]:
     return select(TrialModel, CandidateModel).join(CandidateModel, TrialModel.candidate_id == CandidateModel.id)
 
 
+def _stored_best(rows: list[tuple[Any, ...]]) -> StoredBest | None:
+    """The best of _BEST_ROW's rows (one a toolchain) as ``best_stored`` returns it."""
+    if not rows:
+        return None
+    best = min(rows, key=_raw_rank) if len(rows) > 1 else rows[0]
+    key = WorkloadKey(*best[:_N_KEY])
+    trial_id, updated_at, median_ms, p20_ms, p80_ms, reps, tflops, _, _, candidate_hash, lowering, params, schedule = best[_N_KEY:]
+    return StoredBest(
+        trial_id, utc(updated_at), median_ms, p20_ms, p80_ms, reps, tflops, candidate_hash, lowering, params, schedule, key
+    )  # fmt: skip
+
+
 class Store(Database):
     """Results of ws-tune in a SQLite file or a PostgreSQL database."""
 
     def __init__(self, url: str, *, timeouts: DbTimeouts | None = None, pool_size: int | None = None) -> None:
         super().__init__(url, timeouts=timeouts, pool_size=pool_size)
+        # best_stored_fast's statement on the raw driver (connections opened on first use); not
+        # for a SQLite database in memory, which exists only in the engine's one connection.
+        in_memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
+        self._best_query = None if in_memory else RawQuery(self, _BEST_ROW, max_idle=pool_size or 5)
         try:
             ensure_schema(self)
         except BaseException:
@@ -146,6 +181,11 @@ class Store(Database):
     def schema_revision(self) -> str | None:
         """The revision stamped in this store's database (readiness probes)."""
         return stamped_revision(self)
+
+    def close(self) -> None:
+        if self._best_query is not None:
+            self._best_query.close()
+        super().close()
 
     def __enter__(self) -> Store:
         return self
@@ -287,6 +327,21 @@ class Store(Database):
             best.trial_id, utc(best.updated_at), best.median_ms, best.p20_ms, best.p80_ms, best.reps, best.tflops,
             best.candidate_hash, best.lowering, best.params, best.schedule, workload_key(best),
         )  # fmt: skip
+
+    def best_stored_fast(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
+        """``best_stored``'s answer, for a server's hot path: the same statement run on
+        the raw driver over connections of its own (bestread.py), about a third of
+        the CPU. A SQLite database in memory has only the engine's one connection:
+        ``best_stored`` answers there."""
+        where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        query = self._best_query
+        return self.best_stored(**where) if query is None else _stored_best(query.all(where))
+
+    async def best_stored_async(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
+        """``best_stored_fast`` on the calling event loop, without a thread (bestread.py)."""
+        where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        query = self._best_query
+        return self.best_stored(**where) if query is None else _stored_best(await query.all_async(where))
 
     def status_counts(self, *, workload_id: int) -> dict[str, int]:
         """How many trials of the workload are in each status (status value -> count)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from ...kernels import NAME_PATTERN
 from ...middleware import etag_matches
@@ -46,7 +45,7 @@ async def get_best(
     measured it (CLI or workers)."""
     services: Services = request.app.state.services
     entry = services.best_cache.peek((kernel, problem, device, source_hash), 0.0)
-    answer = entry[0] if entry else await run_in_threadpool(services.best_answer, kernel, problem, device, source_hash)
+    answer = entry[0] if entry else await services.best_answer_async(kernel, problem, device, source_hash)
     # The fast path (middleware) serves this query string as is from now on (to a checked token, if reads need one).
     services.remember_query(request.scope["query_string"], kernel, problem, device, source_hash, answer)
     headers = {"Cache-Control": "no-cache"}

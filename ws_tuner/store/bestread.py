@@ -1,0 +1,201 @@
+"""The best-schedule lookup's hot path (``Store.best_stored_fast``): the statement of
+``Store.best_stored``, compiled once by SQLAlchemy and then run straight on the
+driver, over connections kept for it alone.
+
+Why: an uncached ``GET /best`` is this one indexed query, and SQLAlchemy's
+execution around it (pool checkout and its events, parameter processing, result
+metadata for two dozen columns) cost more CPU than the query itself. Here a call
+is a pop from a stack of idle connections, one execute of a statement the driver
+has prepared (psycopg: ``prepare=True``; sqlite3: its statement cache), and the
+row's values converted by the very result processors SQLAlchemy would apply,
+so the answer is the one ``best_stored`` gives (tests/store/test_store_best.py
+checks both paths against each other).
+
+``all_async`` is for a caller on an event loop (the server's lookups). A hop into
+the server's thread pool and back cost more CPU than the query itself (the GIL
+passed among its dozens of threads on two cores), so: SQLite is read in place, on
+the loop, for a read of one indexed row takes tens of microseconds and a reader in
+WAL mode does not wait for writers; PostgreSQL, which needs several queries in
+flight to hide its round trips, in a few threads of the reader's own (measured:
+8 threads served 40% more lookups at 30% less CPU than psycopg's AsyncConnection
+on the loop, whose waits cost more Python than a thread hop).
+
+The guarantees of the store's own connections hold here too: they are opened
+with the engine's connection arguments and set up as the engine's (``connect``
+listeners: SQLite's WAL and BEGIN control, PostgreSQL's server-side bounds), a
+PostgreSQL connection is watched by the guard's watchdog while a query is out
+(and cut by ``Database.interrupt``), and a connection that failed is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import Select
+
+from .engine import Database, StoreError, _sqlite_on_connect, connect_args_for, one_line
+from .guard import RECENT_S, _watchdog, configure_postgresql_session
+
+Row = tuple[Any, ...]
+
+
+class RawQuery:
+    """One SELECT of SQLAlchemy Core, run on raw driver connections of ``db``'s
+    database; rows come back as tuples in the select's column order, with each
+    column's value as SQLAlchemy would return it."""
+
+    def __init__(self, db: Database, statement: Select[Any], *, max_idle: int, threads: int = 8) -> None:
+        engine = db.engine
+        dialect = engine.dialect
+        self.db, self.engine, self.max_idle, self.threads = db, engine, max_idle, threads
+        self.pg = dialect.name == "postgresql"
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        # The statement's own bound values (status 'ok', the excluded lowering), merged
+        # with the caller's by name; positional drivers (sqlite3: qmark) get them in order.
+        self._defaults = dict(compiled.params)  # the caller's names unset here, given at each call
+        self._order = compiled.positiontup if compiled.positional else None
+        if self.pg:
+            # The statement's constants written in: the generic plan kept below must see them (with
+            # them as parameters it estimated the excluded lowering as matching one row, and read
+            # a 100,000-trial workload through a sort in 430 ms instead of the rank index in 0.1).
+            constants = {name: value for name, value in self._defaults.items() if value is not None}
+            for name, value in constants.items():
+                self.sql = self.sql.replace(f"%({name})s", _pg_literal(value))
+            self._defaults = {name: value for name, value in self._defaults.items() if name not in constants}
+        self._types = [column.type.dialect_impl(dialect) for column in statement.selected_columns]
+        self._processors: list[tuple[int, Callable[[Any], Any]]] | None = None  # from the first result's column types
+        self._cargs, self._cparams = dialect.create_connect_args(engine.url)
+        self._connect_args = connect_args_for(engine.url, db.timeouts)  # as the engine connects
+        self._idle: list[tuple[Any, float]] = []  # LIFO: (connection, when it was last returned)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._executor: ThreadPoolExecutor | None = None  # all_async's threads on PostgreSQL, started on first use
+
+    def _connect(self) -> Any:
+        connection = self.engine.dialect.loaded_dbapi.connect(*self._cargs, **{**self._cparams, **self._connect_args})
+        try:
+            if self.pg:
+                configure_postgresql_session(connection, self.db.timeouts)
+                connection.autocommit = True  # one SELECT: no BEGIN/ROLLBACK round trips
+                for statement in _plan_settings(connection):
+                    connection.execute(statement)
+            else:
+                _sqlite_on_connect(connection, None)  # autocommit: a SELECT reads one consistent snapshot by itself
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def params(self, values: dict[str, Any]) -> Any:
+        merged = {**self._defaults, **values}
+        return merged if self._order is None else [merged[name] for name in self._order]
+
+    def all(self, values: dict[str, Any]) -> list[Row]:
+        """Every row of the statement with ``values`` bound; ``StoreError`` on failure."""
+        params = self.params(values)
+        for attempt in (0, 1):
+            connection, returned = self._take()
+            try:
+                cursor = self._run(connection, params, recent=time.monotonic() - returned < RECENT_S)
+                rows = cursor.fetchall()
+                if self._processors is None:
+                    self._processors = self._result_processors(cursor.description)
+            except self.engine.dialect.loaded_dbapi.Error as exc:
+                connection.close()
+                # A pooled connection that sat idle may have died with a server restart:
+                # one retry on a fresh one, as the engine's checkout check would (a read is safe to repeat).
+                if attempt == 0 and returned > 0 and isinstance(exc, self.engine.dialect.loaded_dbapi.OperationalError):
+                    continue
+                raise self.db.error(exc) from None
+            self._give_back(connection)
+            return [self._convert(row) for row in rows] if self._processors else rows
+        raise AssertionError("unreachable")
+
+    def _result_processors(self, description: Any) -> list[tuple[int, Callable[[Any], Any]]]:
+        """What SQLAlchemy applies to each column's values, by the driver's type code
+        (SQLite's DATETIME text to datetime, its 0/1 to bool; next to nothing on psycopg)."""
+        dialect = self.engine.dialect
+        found = (impl.result_processor(dialect, column[1]) for impl, column in zip(self._types, description, strict=True))
+        return [(i, process) for i, process in enumerate(found) if process is not None]
+
+    def _run(self, connection: Any, params: Any, *, recent: bool) -> Any:
+        """A cursor on the statement's result."""
+        if not self.pg:
+            return connection.execute(self.sql, params)
+        # Watched while the query is out, as the engine's connections are (guard.py).
+        timeouts = self.db.timeouts
+        _watchdog.hold(connection, connection, timeouts.checkout if recent else timeouts.ping, self.engine)
+        try:
+            return connection.execute(self.sql, params, prepare=True)
+        finally:
+            _watchdog.release(connection)
+
+    def _convert(self, row: Row) -> Row:
+        values = list(row)
+        for i, process in self._processors:
+            values[i] = process(values[i])
+        return tuple(values)
+
+    def _take(self) -> tuple[Any, float]:
+        """An idle connection and when it was returned (0.0: just opened)."""
+        try:
+            return self._idle.pop()  # list.pop is atomic: no lock on the hot path
+        except IndexError:
+            pass
+        if self._closed:
+            raise StoreError(f"ws-tune database at {self.db.display_url}: the store is closed")
+        try:
+            return self._connect(), 0.0
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            raise StoreError(f"cannot open ws-tune database at {self.db.display_url}: {one_line(exc)}") from None
+
+    def _give_back(self, connection: Any) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append((connection, time.monotonic()))
+                return
+        connection.close()
+
+    # --- from the event loop -----------------------------------------------------
+
+    async def all_async(self, values: dict[str, Any]) -> list[Row]:
+        """``all`` for a caller on an event loop (see the module docstring)."""
+        if not self.pg:
+            return self.all(values)
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="ws-tune-best-read")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.all, values)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        for connection, _ in idle:
+            connection.close()
+
+
+def _pg_literal(value: Any) -> str:
+    """A constant of the statement as PostgreSQL text (a '%' doubled for the driver's placeholders)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"no literal for {value!r} in the best lookup's statement")
+    text = str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
+    return text.replace("%", "%%")
+
+
+def _plan_settings(connection: Any) -> list[str]:
+    """Keep the prepared statement's generic plan. PostgreSQL's default re-plans a
+    prepared statement for each execution's values while it estimates a custom plan
+    cheaper; for this statement that meant planning every time, two thirds of the
+    server's CPU for a lookup (330 us against 110 us). The generic plan reads the
+    same indexes whatever the key (tests/store/test_store_best.py checks the plan)."""
+    return ["SET plan_cache_mode = force_generic_plan"] if connection.info.server_version >= 120000 else []
