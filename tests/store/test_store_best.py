@@ -154,3 +154,42 @@ def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store) -> N
     assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
     assert not any("Sort" in line for line in plan), plan
     assert all("$" not in line for line in plan if "lowering" in line or "status" in line), plan
+
+
+def test_a_locked_sqlite_file_holds_a_lookup_on_the_loop_briefly(tmp_path: Any, factories: Any) -> None:
+    """The server reads SQLite on its event loop (bestread.py): a lookup that finds the
+    file locked waits SQLITE_LOOP_BUSY_MS, not the engine's busy timeout of seconds,
+    then fails as a store error (a 503 to retry)."""
+    import sqlite3
+    import time
+
+    from ws_tuner.store import StoreError
+    from ws_tuner.store.bestread import SQLITE_LOOP_BUSY_MS
+
+    path = tmp_path / "locked.db"
+    store = Store(f"sqlite:///{path}")
+    try:
+        key = factories.key()
+        cand = factories.candidate(1)
+        store.commit_trial(workload_id=store.workload_id(key), candidate=cand, result=factories.result(cand, Status.OK, 0.5))
+        where = {"kernel": key.kernel, "source_hash": key.source_hash, "problem": key.problem, "device": key.device}
+        assert store.best_stored_fast(**where).candidate_hash == cand.hash
+        # An exclusive lock in WAL mode needs the file to itself: the store's connections go first.
+        store.engine.dispose()
+        store._best_query.close()
+        store._best_query._closed = False
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("PRAGMA locking_mode = EXCLUSIVE")  # once it has written, no one else may read
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("UPDATE ws_tune_trials SET reps = reps")
+        holder.execute("COMMIT")
+        try:
+            start = time.monotonic()
+            with pytest.raises(StoreError):
+                _LOOP.run_until_complete(store.best_stored_async(**where))
+            assert time.monotonic() - start < SQLITE_LOOP_BUSY_MS / 1000 + 1.0
+        finally:
+            holder.close()
+        assert store.best_stored_fast(**where).candidate_hash == cand.hash  # the lock gone, lookups answer again
+    finally:
+        store.close()

@@ -42,6 +42,11 @@ from .engine import Database, StoreError, _sqlite_on_connect, connect_args_for, 
 from .guard import RECENT_S, _watchdog, configure_postgresql_session
 
 Row = tuple[Any, ...]
+# How long a read on the event loop may wait for SQLite's lock. A reader in WAL mode
+# does not wait for writers, but a file without WAL (a filesystem that refuses it) or
+# a checkpoint's reset can make it wait; the engine's busy timeout (seconds) would then
+# stall every request of the server. Past this, the lookup is a 503 to retry.
+SQLITE_LOOP_BUSY_MS = 250
 
 
 class RawQuery:
@@ -72,6 +77,8 @@ class RawQuery:
         self._processors: list[tuple[int, Callable[[Any], Any]]] | None = None  # from the first result's column types
         self._cargs, self._cparams = dialect.create_connect_args(engine.url)
         self._connect_args = connect_args_for(engine.url, db.timeouts)  # as the engine connects
+        if not self.pg:
+            self._connect_args["timeout"] = SQLITE_LOOP_BUSY_MS / 1000
         self._idle: list[tuple[Any, float]] = []  # LIFO: (connection, when it was last returned)
         self._lock = threading.Lock()
         self._closed = False
