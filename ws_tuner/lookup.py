@@ -49,9 +49,9 @@ def best_trial(
 ) -> StoredTrial | None:
     """The fastest correct stored result that tilelang can compile (a WS schedule
     or one of tilelang's own lowerings, not the vendor reference), or None."""
-    task = _task(kernel, problem)
-    found = fastest_compilable(store_for(db), workload_key(task, env=env))
-    return found[0] if found else None
+    store = store_for(db)
+    workload = _workload_of(store, workload_key(_task(kernel, problem), env=env))
+    return store.best_compilable(workload_id=workload) if workload is not None else None
 
 
 _stores: dict[str, Store] = {}

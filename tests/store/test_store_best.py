@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,28 +133,48 @@ def test_the_fast_path_gives_the_stored_answer(store: Store, factories: Any) -> 
     assert _lookup(store, dataclasses.replace(key, problem='{"M": 1}')) is None
 
 
-def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store) -> None:
-    """On PostgreSQL the raw path's prepared statement keeps one generic plan
+@pytest.mark.parametrize("which", ["_best_query", "_best_of_workload"])
+def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store, which: str) -> None:
+    """On PostgreSQL the raw path's prepared statements keep one generic plan
     (bestread.py): that plan, made without the key's values, must still read the rank
     index in order. Sorting is made prohibitively dear, as in the test above."""
     if store.dialect != "postgresql":
         pytest.skip("SQLite plans each statement as it is prepared")
-    query = store._best_query
+    query = getattr(store, which)
     assert query is not None
-    names = list(query.params({"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}))
+    values = {"workload_id": 1} if which == "_best_of_workload" else {"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}
+    names = list(query.params(values))
     statement = query.sql
     for i, name in enumerate(names, 1):
         statement = statement.replace(f"%({name})s", f"${i}")
     with store.engine.connect() as connection:
         for setting in ("plan_cache_mode = force_generic_plan", "enable_sort = off", "enable_seqscan = off"):
             connection.execute(text(f"SET LOCAL {setting}"))
-        connection.exec_driver_sql(f"PREPARE ws_tune_best ({', '.join('text' for _ in names)}) AS {statement}")
-        arguments = ", ".join("'x'" for _ in names)
+        connection.exec_driver_sql(f"PREPARE ws_tune_best AS {statement}")  # parameter types inferred
+        arguments = ", ".join("1" if isinstance(values[name], int) else "'x'" for name in names)
         plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN EXECUTE ws_tune_best({arguments})")]
         connection.exec_driver_sql("DEALLOCATE ws_tune_best")
     assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
     assert not any("Sort" in line for line in plan), plan
-    assert all("$" not in line for line in plan if "lowering" in line or "status" in line), plan
+    # The statement's constants are written in, not parameters ($n) the generic plan cannot see.
+    assert not any(re.search(r"\((status|lowering)\)\S* (=|<>) \(?\$\d", line) for line in plan), plan
+
+
+def test_the_in_process_lookup_reads_what_top_k_reads(store: Store, factories: Any) -> None:
+    """``best_compilable`` (``lookup.best_trial``'s raw-driver path) is ``top_k``'s first
+    compilable trial, candidate, result and times alike; a faster vendor reference is skipped."""
+    key = factories.key()
+    wid = store.workload_id(key)
+    assert store.best_compilable(workload_id=wid) is None
+    slow, fast = factories.candidate(1), factories.candidate(2, Lowering.DEFAULT)
+    reference = factories.candidate(3, Lowering.REFERENCE)
+    store.commit_trial(workload_id=wid, candidate=slow, result=factories.result(slow, Status.OK, 0.6, ratio=1.2, confirmed=True, tflops=10.0))
+    store.commit_trial(workload_id=wid, candidate=fast, result=factories.result(fast, Status.OK, 0.5, ratio=1.0, confirmed=True))
+    store.commit_trial(workload_id=wid, candidate=reference, result=factories.result(reference, Status.OK, 0.1, ratio=0.2, confirmed=True))
+    found = store.best_compilable(workload_id=wid)
+    (first,) = [t for t in store.top_k(workload_id=wid, k=3) if t.candidate.lowering is not Lowering.REFERENCE][:1]
+    assert found == first and found.candidate.hash == fast.hash and found.result.timing.median_ms == 0.5
+    assert found.updated_at.tzinfo is not None and isinstance(found.result.info, dict)
 
 
 def test_a_locked_sqlite_file_holds_a_lookup_on_the_loop_briefly(tmp_path: Any, factories: Any) -> None:

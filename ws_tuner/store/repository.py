@@ -131,6 +131,32 @@ _BEST_ROW = _BEST_AT.with_only_columns(
 _N_KEY = len(_KEY_FIELDS)
 
 
+# The in-process lookup (lookup.best_trial), for the raw driver too: one workload's
+# fastest compilable trial, every column of the trial and its candidate in mapper order.
+_TRIAL_ATTRS = tuple((attr.key, attr.columns[0]) for attr in TrialModel.__mapper__.column_attrs)
+_CANDIDATE_ATTRS = tuple((attr.key, attr.columns[0]) for attr in CandidateModel.__mapper__.column_attrs)
+_BEST_OF_WORKLOAD = (
+    select(*(column for _, column in _TRIAL_ATTRS + _CANDIDATE_ATTRS))
+    .join_from(TrialModel, CandidateModel, TrialModel.candidate_id == CandidateModel.id)
+    .where(
+        TrialModel.workload_id == bindparam("workload_id"),
+        TrialModel.status == Status.OK.value,
+        TrialModel.median_ms.is_not(None),
+        CandidateModel.lowering != Lowering.REFERENCE.value,
+    )
+    .order_by(*RANK_ORDER)
+    .limit(1)
+)
+
+
+def _trial_of_row(row: tuple[Any, ...]) -> StoredTrial:
+    """A _BEST_OF_WORKLOAD row as ``top_k`` returns it (through the same ``stored_trial``)."""
+    n = len(_TRIAL_ATTRS)
+    trial = TrialModel(**{key: value for (key, _), value in zip(_TRIAL_ATTRS, row[:n], strict=True)})
+    candidate = CandidateModel(**{key: value for (key, _), value in zip(_CANDIDATE_ATTRS, row[n:], strict=True)})
+    return stored_trial(trial, candidate)
+
+
 def _raw_rank(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """_rank on a _BEST_ROW tuple."""
     trial_id, median_ms, confirmed, ratio = row[_N_KEY], row[_N_KEY + 2], row[_N_KEY + 7], row[_N_KEY + 8]
@@ -167,6 +193,7 @@ class Store(Database):
         # for a SQLite database in memory, which exists only in the engine's one connection.
         in_memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
         self._best_query = None if in_memory else RawQuery(self, _BEST_ROW, max_idle=pool_size or 5)
+        self._best_of_workload = None if in_memory else RawQuery(self, _BEST_OF_WORKLOAD, max_idle=pool_size or 5)
         try:
             ensure_schema(self)
         except BaseException:
@@ -183,8 +210,9 @@ class Store(Database):
         return stamped_revision(self)
 
     def close(self) -> None:
-        if self._best_query is not None:
-            self._best_query.close()
+        for query in (self._best_query, self._best_of_workload):
+            if query is not None:
+                query.close()
         super().close()
 
     def __enter__(self) -> Store:
@@ -302,6 +330,16 @@ class Store(Database):
     def top_k(self, *, workload_id: int, k: int = 10) -> list[StoredTrial]:
         """The ``k`` fastest correct (OK) trials of the workload, fastest first."""
         return self._fastest(trials_query().where(TrialModel.workload_id == workload_id), k)
+
+    def best_compilable(self, *, workload_id: int) -> StoredTrial | None:
+        """The fastest correct trial of the workload that tilelang can compile (not the
+        vendor reference): ``top_k``'s answer for the in-process lookup's hot path, one
+        prepared statement on the raw driver (bestread.py), a thirtieth of the ORM's cost."""
+        if self._best_of_workload is None:  # a SQLite database in memory: the engine's one connection
+            found = [t for t in self.top_k(workload_id=workload_id, k=2) if t.candidate.lowering is not Lowering.REFERENCE]
+            return found[0] if found else None
+        rows = self._best_of_workload.all({"workload_id": workload_id})
+        return _trial_of_row(rows[0]) if rows else None
 
     def best(self, *, key: WorkloadKey) -> StoredTrial | None:
         """The fastest correct trial of ``key``'s workload; None if it has none (or no workload)."""
