@@ -243,3 +243,35 @@ def test_a_miss_of_a_key_without_workloads_makes_no_query(db_url: str, open_db: 
         assert untimed_only.status == 404 and b"compile-only tunings" in untimed_only.body
     finally:
         services.close()
+
+
+def test_a_token_in_use_is_checked_again_before_it_lapses(db_url: str, tmp_path: Any, open_db: Callable, make_token: Callable) -> None:
+    """In the second half of its time to live a token in use is re-checked in the
+    background: its entry never lapses under load (a lapse sent every request holding it
+    through the full route at once), and a revoked one still lapses within the TTL."""
+    import time
+
+    from svc_helpers import fast_settings
+
+    from ws_tuner.server.security import display_prefix
+    from ws_tuner.server.state import Services
+    from ws_tuner.store.registry import Registry
+
+    ttl = 1.0
+    token = make_token(db_url, "read")
+    services = Services(fast_settings(db_url, tmp_path, auth_cache_ttl=ttl), open_db(db_url))
+    try:
+        assert services.authenticate(token) is not None and services.known_principal(token) is not None
+        lapse = time.monotonic() + ttl
+        time.sleep(ttl * 0.6)
+        assert services.known_principal(token) is not None  # still fresh: and now re-checked behind the scenes
+        wait_for(lambda: not services._refreshing, 5, 0.01, "the re-check")
+        time.sleep(max(lapse - time.monotonic(), 0) + 0.1)
+        assert services.known_principal(token) is not None  # past the first check's lapse: renewed
+
+        Registry(open_db(db_url)).revoke_token(display_prefix(token))
+        revoked = time.monotonic()
+        wait_for(lambda: services.known_principal(token) is None, 3 * ttl, 0.02, "the revoked token to lapse")
+        assert time.monotonic() - revoked <= 2 * ttl
+    finally:
+        services.close()
