@@ -244,12 +244,16 @@ class Services:
 
     def best_answer(self, kernel: str, problem: str, device: str, source_hash: str | None) -> CachedAnswer:
         key = (kernel, problem, device, source_hash)
+        return self._remembered(key) or self._answer_and_remember(key)
+
+    def _remembered(self, key: tuple[Any, ...]) -> CachedAnswer | None:
+        """The remembered answer of ``key``, if any; a stale one is refreshed in the background."""
         entry = self.best_cache.peek(key, self.BEST_MAX_STALE)
-        if entry is not None:
-            if not entry[1]:
-                self.refresh_best(key)
-            return entry[0]
-        return self._answer_and_remember(key)
+        if entry is None:
+            return None
+        if not entry[1]:
+            self.refresh_best(key)
+        return entry[0]
 
     def remember_query(self, query: bytes, kernel: str, problem: str, device: str, source_hash: str | None, answer: CachedAnswer) -> None:
         """Let the fast path serve this exact query string (see middleware.BestLookupFastPath)."""
@@ -341,11 +345,9 @@ class Services:
         load: the kernel's registration, the canonical problem, the workload directory.
         Else in the thread pool, as before."""
         key = (kernel, problem, device, source_hash)
-        entry = self.best_cache.peek(key, self.BEST_MAX_STALE)
-        if entry is not None:
-            if not entry[1]:
-                self.refresh_best(key)
-            return entry[0]
+        remembered = self._remembered(key)
+        if remembered is not None:
+            return remembered
         # What memory lacks is fetched in a thread first (the directory every workload_directory_ttl,
         # the kernel's registration every 5 s), so that a lookup then goes on here.
         if self.workloads.ttl > 0 and not self.workloads.fresh():
