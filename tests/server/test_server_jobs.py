@@ -221,10 +221,12 @@ def test_baselines_time_budget_and_cancel_with_a_worker(
         # Baselines come on top of the search budget.
         job = client.post("/jobs", json={**GOOD, "budget": 6, "baselines": True}).json()
         done = finished(job["id"])
-        kinds = Counter(t["kind"] for t in client.get(f"/jobs/{job['id']}/trials").json()["data"])
+        trials = client.get(f"/jobs/{job['id']}/trials").json()["data"]
+        kinds = Counter(t["kind"] for t in trials)
         assert kinds == {"search": 6, "baseline": 2} and done["progress"]["claimed"] == 6
         assert done["progress"]["done"] == 6 == done["progress"]["budget"] and done["progress"]["baselines"]["done"] == 2
-        assert done["best"]["median_ms"] < 1.0  # the search's best, not a baseline's
+        # The search's best, not a baseline's (six samples need not beat the baselines' 1 ms).
+        assert done["best"]["candidate_hash"] in {t["candidate_hash"] for t in trials if t["kind"] == "search"}
 
         # A time budget stops claiming; the job still ends "succeeded", with what it measured.
         timed = client.post("/jobs", json={**GOOD, "budget": 100000, "time_budget": 0.5}).json()
