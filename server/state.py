@@ -143,6 +143,9 @@ class Services:
         self._refreshing: set[tuple[Any, ...]] = set()
         self._refresh_lock = threading.Lock()
         self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ws-tune-best")
+        # Submissions run here rather than in the 40 threads of the request pool: on few
+        # cores the GIL passed among dozens of runnable threads cost more than the insert.
+        self.submitter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ws-tune-submit")
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         self._bootstrap_hash = hash_token(token) if token else None
         self._optuna: Any = None  # Optuna's storage, for the sweeper
@@ -165,6 +168,7 @@ class Services:
 
     def close(self) -> None:
         self._refresher.shutdown(wait=True, cancel_futures=True)
+        self.submitter.shutdown(wait=True, cancel_futures=True)
         self.checker.close()
         if self._optuna is not None:
             self._optuna.engine.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
@@ -26,7 +27,8 @@ from ...schemas import (
     TrialTiming,
     errors,
 )
-from ...security import ADMIN, KERNELS_UPLOAD
+from ...security import ADMIN, KERNELS_UPLOAD, Principal
+from ...state import Services
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -78,10 +80,14 @@ def _unprocessable(detail: str) -> HTTPException:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, responses=errors(*WRITE_ERRORS))
-def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) -> Response:
+async def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) -> Response:
     """Submit a tuning job: a registered kernel by name, or an uploaded source (inline,
     needing the kernels:upload scope, or by sha256, under the name it was uploaded
     with), a problem, a budget. The job belongs to the token that submits it."""
+    return await asyncio.get_running_loop().run_in_executor(services.submitter, _create_job, body, services, principal)
+
+
+def _create_job(body: JobCreate, services: Services, principal: Principal) -> Response:
     settings = services.settings
     if body.budget > settings.max_budget:
         raise _unprocessable(f"budget {body.budget} exceeds this server's limit of {settings.max_budget}")
