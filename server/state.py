@@ -209,8 +209,7 @@ class Services:
         digest = hash_token(token)
         found = self._checked(digest)
         if found is None:
-            record = self.registry.token_by_hash(digest)
-            found = self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
+            found = self._recheck_token(digest)
         return None if found is _MISSING else found
 
     def known_principal(self, token: str | None) -> Principal | None:
@@ -228,9 +227,10 @@ class Services:
             self._in_background(("token", digest), lambda: self._recheck_token(digest))
         return None if found is _MISSING else found
 
-    def _recheck_token(self, digest: str) -> None:
+    def _recheck_token(self, digest: str) -> Any:
+        """Check a token's digest against the database and remember it: a principal, or _MISSING."""
         record = self.registry.token_by_hash(digest)
-        self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
+        return self._auth.put(digest, Principal(record.id, record.name, record.scopes) if record else _MISSING)
 
     def _checked(self, digest: str) -> Any:
         """The bootstrap principal, or a check of the token cache (a principal or

@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .candidate import Candidate, Lowering
+from .candidate import Candidate
 from .kernel import KernelSpec, load_kernel
 from .store import Store, StoredTrial, open_store, resolve_db_url
 from .task import Task
@@ -74,10 +74,7 @@ def store_for(db: str | Store | None) -> Store:
 def fastest_compilable(store: Store, key: WorkloadKey, k: int = 1) -> list[StoredTrial]:
     """The ``k`` fastest stored trials of ``key`` that compile to a tilelang kernel."""
     workload = _workload_of(store, key)
-    # One reference per workload at most, so k + 1 rows always hold k others.
-    top = store.top_k(workload_id=workload, k=k + 1) if workload is not None else []
-    found = [t for t in top if t.candidate.lowering is not Lowering.REFERENCE][:k]
-    return found
+    return store.top_compilable(workload_id=workload, k=k) if workload is not None else []
 
 
 # A workload's id never changes once it exists (workloads are never deleted): remembered

@@ -331,12 +331,17 @@ class Store(Database):
         """The ``k`` fastest correct (OK) trials of the workload, fastest first."""
         return self._fastest(trials_query().where(TrialModel.workload_id == workload_id), k)
 
+    def top_compilable(self, *, workload_id: int, k: int) -> list[StoredTrial]:
+        """The ``k`` fastest stored trials of the workload that compile to a tilelang kernel."""
+        # One reference per workload at most, so k + 1 rows always hold k others.
+        return [t for t in self.top_k(workload_id=workload_id, k=k + 1) if t.candidate.lowering is not Lowering.REFERENCE][:k]
+
     def best_compilable(self, *, workload_id: int) -> StoredTrial | None:
         """The fastest correct trial of the workload that tilelang can compile (not the
         vendor reference): ``top_k``'s answer for the in-process lookup's hot path, one
         prepared statement on the raw driver (bestread.py), a thirtieth of the ORM's cost."""
         if self._best_of_workload is None:  # a SQLite database in memory: the engine's one connection
-            found = [t for t in self.top_k(workload_id=workload_id, k=2) if t.candidate.lowering is not Lowering.REFERENCE]
+            found = self.top_compilable(workload_id=workload_id, k=1)
             return found[0] if found else None
         rows = self._best_of_workload.all({"workload_id": workload_id})
         return _trial_of_row(rows[0]) if rows else None
