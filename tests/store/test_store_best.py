@@ -133,7 +133,7 @@ def test_the_fast_path_gives_the_stored_answer(store: Store, factories: Any) -> 
     assert _lookup(store, dataclasses.replace(key, problem='{"M": 1}')) is None
 
 
-@pytest.mark.parametrize("which", ["_best_query", "_best_of_workload"])
+@pytest.mark.parametrize("which", ["_best_query", "_best_of_workload", "_best_many"])
 def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store, which: str) -> None:
     """On PostgreSQL the raw path's prepared statements keep one generic plan
     (bestread.py): that plan, made without the key's values, must still read the rank
@@ -142,7 +142,11 @@ def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store, whic
         pytest.skip("SQLite plans each statement as it is prepared")
     query = getattr(store, which)
     assert query is not None
-    values = {"workload_id": 1} if which == "_best_of_workload" else {"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}
+    key = {"kernel": "gemm", "source_hash": "ab", "problem": "{}", "device": "NVIDIA H200"}
+    values: dict[str, Any] = {
+        "_best_query": key, "_best_of_workload": {"workload_id": 1},
+        "_best_many": {f"{name}_list": [value, value] for name, value in key.items()},  # two keys at once
+    }[which]  # fmt: skip
     names = list(query.params(values))
     statement = query.sql
     for i, name in enumerate(names, 1):
@@ -151,13 +155,50 @@ def test_the_fast_path_keeps_a_generic_plan_on_the_rank_index(store: Store, whic
         for setting in ("plan_cache_mode = force_generic_plan", "enable_sort = off", "enable_seqscan = off"):
             connection.execute(text(f"SET LOCAL {setting}"))
         connection.exec_driver_sql(f"PREPARE ws_tune_best AS {statement}")  # parameter types inferred
-        arguments = ", ".join("1" if isinstance(values[name], int) else "'x'" for name in names)
+        arguments = ", ".join({int: "1", list: "'{x,y}'"}.get(type(values[name]), "'x'") for name in names)
         plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN EXECUTE ws_tune_best({arguments})")]
         connection.exec_driver_sql("DEALLOCATE ws_tune_best")
     assert any("ix_ws_tune_trials_workload_rank" in line for line in plan), plan
     assert not any("Sort" in line for line in plan), plan
     # The statement's constants are written in, not parameters ($n) the generic plan cannot see.
     assert not any(re.search(r"\((status|lowering)\)\S* (=|<>) \(?\$\d", line) for line in plan), plan
+
+
+def test_lookups_that_arrive_together_are_answered_by_one_statement(store: Store, factories: Any) -> None:
+    """On PostgreSQL the server's concurrent lookups go out together (bestread.Coalesced):
+    each gets the answer it would get alone (hits, misses, the same key twice), and
+    while one statement is out the others wait to go in the next."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite lookups are read in place, one at a time")
+    keys = [dataclasses.replace(factories.key(), problem=canonical_json({"M": 64 * i})) for i in range(3)]
+    for i, key in enumerate(keys[:2]):
+        wid = store.workload_id(key)
+        for j in range(3):
+            cand = factories.candidate(10 * i + j)
+            store.commit_trial(workload_id=wid, candidate=cand, result=factories.result(cand, Status.OK, 0.5 + j, ratio=1.0 + j))
+    asked = [keys[0], keys[1], keys[2], keys[0], dataclasses.replace(keys[1], device="NVIDIA B200")] * 8
+    wheres = [{"kernel": k.kernel, "source_hash": k.source_hash, "problem": k.problem, "device": k.device} for k in asked]
+    statements: list[int] = []
+    many = store._best_many
+    assert many is not None
+    run = many.all
+
+    def counted(values: dict[str, Any]) -> Any:
+        statements.append(len(values["kernel_list"]))
+        return run(values)
+
+    many.all = counted  # type: ignore[method-assign]
+
+    async def together() -> list[Any]:
+        return await asyncio.gather(*(store.best_stored_async(**where) for where in wheres))
+
+    try:
+        answers = _LOOP.run_until_complete(together())
+    finally:
+        del many.all
+    assert answers == [store.best_stored(**where) for where in wheres]
+    assert answers[0] is not None and answers[2] is None and answers[4] is None
+    assert sum(statements) == len(wheres) and len(statements) < len(wheres), statements
 
 
 def test_the_in_process_lookup_reads_what_top_k_reads(store: Store, factories: Any) -> None:

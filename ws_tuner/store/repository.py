@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy import ARRAY, Select, String, bindparam, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import aliased
 
@@ -35,7 +35,7 @@ from ..candidate import Candidate, Lowering, canonical_json
 from ..result import Status, TrialResult
 from ..workload import WorkloadKey
 from .engine import ENV_VAR, Database, StoreError, resolve_db_url, utc
-from .bestread import RawQuery
+from .bestread import Coalesced, RawQuery
 from .guard import DbTimeouts
 from .models import CandidateModel, TrialModel, WorkloadModel
 from .records import StoredTrial, stored_trial, workload_key
@@ -102,33 +102,47 @@ _BEST_ID = (
 )
 _best = aliased(TrialModel, name="best")
 _best_candidate = aliased(CandidateModel, name="best_candidate")
-_BEST_AT = (
-    select(
-        WorkloadModel, _best.id.label("trial_id"), _best.updated_at, _best.median_ms, _best.p20_ms, _best.p80_ms, _best.reps,
-        _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash.label("candidate_hash"), _best_candidate.lowering,
-        _best_candidate.params, _best_candidate.schedule,
-    )  # fmt: skip
-    .select_from(WorkloadModel)
-    .join(_best, _best.id == _BEST_ID)
-    .join(_best_candidate, _best.candidate_id == _best_candidate.id)
-    .where(
-        WorkloadModel.kernel == bindparam("kernel"),
-        WorkloadModel.source_hash == bindparam("source_hash"),
-        WorkloadModel.problem == bindparam("problem"),
-        WorkloadModel.device == bindparam("device"),
+_ASKED_BY = ("kernel", "source_hash", "problem", "device")
+
+
+def _best_at(asked: dict[str, Any]) -> Select[Any]:
+    """The lookup of the workloads whose key columns equal ``asked``'s expressions."""
+    return (
+        select(
+            WorkloadModel, _best.id.label("trial_id"), _best.updated_at, _best.median_ms, _best.p20_ms, _best.p80_ms,
+            _best.reps, _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash.label("candidate_hash"),
+            _best_candidate.lowering, _best_candidate.params, _best_candidate.schedule,
+        )  # fmt: skip
+        .select_from(WorkloadModel)
+        .join(_best, _best.id == _BEST_ID)
+        .join(_best_candidate, _best.candidate_id == _best_candidate.id)
+        .where(*(getattr(WorkloadModel, name) == asked[name] for name in _ASKED_BY))
     )
-)
+
+
+_BEST_AT = _best_at({name: bindparam(name) for name in _ASKED_BY})
 
 
 # The same lookup for the raw driver (bestread.py): the columns a StoredBest needs, in
 # a fixed order (the whole workload row's metadata cost more than the query's execution).
 _KEY_FIELDS = tuple(f.name for f in dataclasses.fields(WorkloadKey))
-_BEST_ROW = _BEST_AT.with_only_columns(
+_BEST_COLUMNS = (
     *(getattr(WorkloadModel, name) for name in _KEY_FIELDS), _best.id, _best.updated_at, _best.median_ms, _best.p20_ms,
     _best.p80_ms, _best.reps, _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash, _best_candidate.lowering,
     _best_candidate.params, _best_candidate.schedule,
 )  # fmt: skip
+_BEST_ROW = _BEST_AT.with_only_columns(*_BEST_COLUMNS)
 _N_KEY = len(_KEY_FIELDS)
+# Many lookups in one statement (PostgreSQL): the keys come as one array per key column,
+# each row of the answer led by the 1-based position of the key it answers. The server
+# answers lookups that arrive together this way (bestread.Coalesced): one round trip and
+# one execution in place of one per request.
+_ASKED = (
+    func.unnest(*(bindparam(f"{name}_list", type_=ARRAY(String)) for name in _ASKED_BY))
+    .table_valued(*_ASKED_BY, with_ordinality="asked")
+    .render_derived(name="asked")
+)
+_BEST_ROWS = _best_at({name: _ASKED.c[name] for name in _ASKED_BY}).with_only_columns(_ASKED.c.asked, *_BEST_COLUMNS)
 
 
 # The in-process lookup (lookup.best_trial), for the raw driver too: one workload's
@@ -194,6 +208,9 @@ class Store(Database):
         in_memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
         self._best_query = None if in_memory else RawQuery(self, _BEST_ROW, max_idle=pool_size or 5)
         self._best_of_workload = None if in_memory else RawQuery(self, _BEST_OF_WORKLOAD, max_idle=pool_size or 5)
+        # A server's concurrent lookups, answered together (PostgreSQL; SQLite is read in place).
+        self._best_many = RawQuery(self, _BEST_ROWS, max_idle=pool_size or 5, threads=2) if self.dialect == "postgresql" else None
+        self._coalesced = Coalesced(self._best_many, _ASKED_BY) if self._best_many is not None else None
         try:
             ensure_schema(self)
         except BaseException:
@@ -210,7 +227,7 @@ class Store(Database):
         return stamped_revision(self)
 
     def close(self) -> None:
-        for query in (self._best_query, self._best_of_workload):
+        for query in (self._best_query, self._best_of_workload, self._best_many):
             if query is not None:
                 query.close()
         super().close()
@@ -381,8 +398,11 @@ class Store(Database):
         return self.best_stored(**where) if query is None else _stored_best(query.all(where))
 
     async def best_stored_async(self, *, kernel: str, source_hash: str, problem: str, device: str) -> StoredBest | None:
-        """``best_stored_fast`` on the calling event loop, without a thread (bestread.py)."""
+        """``best_stored_fast`` for a caller on an event loop: SQLite read in place,
+        PostgreSQL with the lookups that arrive together in one statement (bestread.py)."""
         where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
+        if self._coalesced is not None:
+            return _stored_best(await self._coalesced.all(where))
         query = self._best_query
         return self.best_stored(**where) if query is None else _stored_best(await query.all_async(where))
 
