@@ -82,6 +82,17 @@ class _Sweeper(threading.Thread):
         self.join(timeout=30)
 
 
+class _ServiceApp(FastAPI):
+    """The app, with ``front`` (the best-lookup fast path) in front of everything:
+    FastAPI's own per-request work (its telemetry checks, error middleware and body
+    limit) cost a sixth of a cached lookup's CPU, for a path that needs none of it."""
+
+    front: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await (self.front or super().__call__)(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None, *, services: Services | None = None) -> FastAPI:
     settings = settings or Settings()
     services = services or Services.open(settings)
@@ -107,9 +118,12 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         generate_unique_id_function=_operation_id,
         responses=EVERY_ROUTE,
     )
+    # fastapi_offline builds a plain FastAPI; only its class can put the fast path before
+    # FastAPI's own __call__ (a special method is looked up on the type, not the instance).
+    app.__class__ = _ServiceApp
     app.state.services = services
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
-    app.add_middleware(BestLookupFastPath, services=services, path=f"{API_PREFIX}/best")  # outermost: first to see a request
+    app.front = BestLookupFastPath(super(_ServiceApp, app).__call__, services=services, path=f"{API_PREFIX}/best")
     app.include_router(api_router(settings))
     install_dashboard(app, settings)  # /dashboard and /api/v1/workloads
 

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import logging
 from typing import Any
 
+from ..store import StoreError
+
 Scope = dict[str, Any]
+_log = logging.getLogger("ws_tuner.server")
 
 
-async def _send_error(send: Any, status: int, detail: str) -> None:
+async def _send_error(send: Any, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ((b"connection", b"close"),)) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({
         "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")],
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
     })  # fmt: skip
     await send({"type": "http.response.body", "body": body})
 
@@ -49,23 +51,24 @@ class BodySizeLimit:
                     return
         chunks: list[bytes] = []
         size = 0
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
-            except asyncio.TimeoutError:
-                await _send_error(send, 408, f"request body not received within {self.timeout:g} s")
-                return
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.max_bytes:
-                await _send_error(send, 413, too_large)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
+        try:
+            # One deadline for the whole body (asyncio.wait_for per message made a task of each).
+            async with asyncio.timeout(self.timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    body = message.get("body", b"")
+                    size += len(body)
+                    if size > self.max_bytes:
+                        await _send_error(send, 413, too_large)
+                        return
+                    chunks.append(body)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await _send_error(send, 408, f"request body not received within {self.timeout:g} s")
+            return
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -104,7 +107,12 @@ class BestLookupFastPath:
                 if key is not None:
                     # A query string the route validated before, its answer not in memory (expired,
                     # or the cache is off): looked up again here, without routing and validation.
-                    answer = await self.services.best_answer_async(*key)
+                    try:
+                        answer = await self.services.best_answer_async(*key)
+                    except StoreError as exc:  # as the route answers it (this path runs before the app's handlers)
+                        _log.warning("GET %s: %s", self.path, exc)
+                        await _send_error(send, 503, "database unavailable; try again", ((b"retry-after", b"5"),))
+                        return
                 if answer is not None:
                     await _send_answer(send, answer, headers.get(b"if-none-match"))
                     return

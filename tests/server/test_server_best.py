@@ -147,6 +147,25 @@ def test_authenticated_reads_on_the_fast_path(db_url: str, live_server: Callable
         assert asyncio.run(call(other)) == [] and passed[-1] == other
 
 
+def test_a_database_failure_on_the_fast_path_is_a_503(db_url: str, live_server: Callable, open_db: Callable) -> None:
+    """The fast path runs in front of the app's error handlers: a store error there is
+    answered as the route answers it (503 with Retry-After), not as an internal error."""
+    live = live_server(db_url, best_cache_ttl=0.0)  # every lookup queries
+    _commit(open_db(db_url), 0.5, 1)
+    params = {"kernel": "gemm", "problem": SHAPE, "device": "NVIDIA H200"}
+    query = str(httpx.QueryParams(params)).encode()
+    with live.client() as client:
+        assert client.get("/best", params=params).status_code == 200  # the route answers, and the fast path learns the query
+        assert live.services.known_query(query) is not None
+        live.services.store._best_query.close()  # the lookup's own connections: "the store is closed"
+        if live.services.store._best_many is not None:
+            live.services.store._best_many.close()
+        failed = client.get("/best", params=params)
+        assert failed.status_code == 503 and failed.headers["retry-after"] == "5", failed.text
+        assert failed.json() == {"detail": "database unavailable; try again"}
+        assert any("the store is closed" in line for line in live.log)
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_real_kernel_job_is_served_and_reused_by_the_engine(
     db_url: str, live_server: Callable, make_token: Callable, worker_thread: Callable, open_db: Callable
