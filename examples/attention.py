@@ -27,7 +27,7 @@ Kernel-side variants (PARAMS):
   ones longest first) and dealt out round by round, in reverse every other
   round, so that under causal masking each block's sum of work stays within
   a tile of the others' (dealing the same way every round leaves the block
-  that draws the longest tiles 6-12% behind at B=4, H=16), while the blocks
+  that draws the longest tiles 8-12% behind at B=4, H=16), while the blocks
   at work at one time share a few heads' K and V in L2.
 - ``consumers``: "cooperative" is one consumer role of block_M / 64
   warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
@@ -303,7 +303,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         p = part.index
         if asynchronous:
             # The last P V product. In the seed its V stage is released before
-            # this wait; harmless, as the producer loads nothing after it.
+            # this wait; harmless, as the producer loads nothing after it (or,
+            # persistent, nothing before Q is freed, after this wait: check()).
             with T.ws_op(f"drain{p}"):
                 T.wait_wgmma(0)
         with T.ws_op(f"store{p}"):
