@@ -5,7 +5,8 @@ beside the vendor libraries (run it on the GPU machine; about 4 minutes).
         [--kernels attention gemm] [--rounds 3] [--compile-only] [--sweep [--pin mma=async]]
 
 1. Builds the seed schedule of each kernel-side variant (attention: sync or
-   async wgmma x cooperative or ping-pong consumers; GEMM: sync or async x
+   async wgmma x cooperative or ping-pong consumers x one block per tile or
+   persistent; GEMM: sync or async x
    one block per tile or persistent), and tilelang's default and role_based
    lowerings of the plain sync point, in a pool of ``--jobs`` processes.
 2. Checks each on the GPU against the kernel file's reference with ws-tune's
@@ -78,9 +79,9 @@ def variant_params(kernel: str, allowed: Callable[[dict[str, Any]], bool]) -> li
     """One point per kernel-side variant: the first block sizes check() allows."""
     out = []
     if kernel == "attention":
-        for mma, consumers, block_M in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128, 192)):
+        for mma, consumers, block_M, persistent in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128, 192), (False, True)):
             for block_N, stages in ((128, 2), (128, 1), (64, 2)):
-                params = {"block_M": block_M, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers}
+                params = {"block_M": block_M, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers, "persistent": persistent}
                 if allowed(params):
                     out.append(params)
                     break
@@ -152,7 +153,7 @@ def build(rows: list[Row], specs: dict[str, KernelSpec], jobs: int) -> None:
 
 def check(rows: list[Row], specs: dict[str, KernelSpec]) -> None:
     todo = [r for r in rows if r.status == Status.BUILT.value]
-    config = EvaluatorConfig(warmup=1, reps=3, checks=2, timeout=60)
+    config = EvaluatorConfig(checks=2, timeout=60)  # correctness; the timing is step 3
     start = time.monotonic()
     with LocalRunner(0) as runner:
         futures = [runner.submit(RunInput(str(specs[r.kernel].path), specs[r.kernel].source_hash, r.problem, Candidate.from_json(r.candidate), config)) for r in todo]

@@ -18,6 +18,17 @@ Kernel-side variants (PARAMS):
   after the wait that retires the wgmma reading it. (Only the seed's order
   makes the async waits right: the plain program is not a fair input to
   tilelang's own lowerings in this form.)
+- ``persistent``: False launches one block per (query block, head, batch)
+  tile; True launches PERSISTENT_BLOCKS blocks that walk the tiles, as
+  examples/gemm.py's persistent form does: every role walks them itself, Q is
+  loaded once per tile, the K/V pipelines run on across tiles, and the
+  producer runs into the next tile (Q, then K and V) while the consumers
+  store O. Tiles are numbered in launch order (query block fastest, causal
+  ones longest first) and dealt out round by round, in reverse every other
+  round, so that under causal masking each block's sum of work stays within
+  a tile of the others' (dealing the same way every round leaves the block
+  that draws the longest tiles 8-12% behind at B=4, H=16), while the blocks
+  at work at one time share a few heads' K and V in L2.
 - ``consumers``: "cooperative" is one consumer role of block_M / 64
   warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
   warpgroup, each with its own block_M / 2 rows, its own Q/K/V buffers and
@@ -43,10 +54,14 @@ PARAMS = {
     "stages": [1, 2],  # K/V buffer versions of the seed (and of tilelang's own lowerings)
     "mma": ["sync", "async"],
     "consumers": ["cooperative", "pingpong"],
+    "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
 }
 # Async waits and ping-pong turns are right only in the seed's order (tilelang's
-# own lowerings of them deadlock or fail to build): baselines use the rest.
-SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["pingpong"]}
+# own lowerings of them deadlock or fail to build): baselines use the rest. The
+# persistent form's tile loop (a while loop around T.Pipelined) fails to build
+# in the default lowering ("ProducerConsumerWS: failed to replace pipeline
+# loop"), so its baselines are the one-block-per-tile kernel's.
+SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["pingpong"], "persistent": [True]}
 OUTPUTS = [3]
 TOLERANCE = 1e-2
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
@@ -56,6 +71,10 @@ SMEM_LIMIT = 227 * 1024
 TURN_BARRIERS = (14, 15)
 TURN_THREADS = 256
 LOG2E = 1.4426950408889634
+# Blocks of the persistent variant: one per SM of an H100/H200 SXM (132), as in
+# examples/gemm.py; a grid size, not a device query, so that kernels build the
+# same on a machine without a GPU. The kernel is correct for any count.
+PERSISTENT_BLOCKS = 132
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the fragments (indices, descriptors, row state)
 
 
@@ -85,6 +104,14 @@ def check(problem, params, schedule):
             # S of block k, then P V of block k-1: the seed's order is right only so.
             if f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
                 return f"V_{p} must be consumed one stage after K_{p} (P V of the previous block)"
+            # The loop's last step frees its V stage right after issuing the async P V
+            # product (the drain's wait comes after the loop). A single Q buffer, freed
+            # after the drain, keeps a persistent producer from loading the next tile's
+            # V into that stage first; with two the producer runs ahead and does (run 10
+            # measured 14x the error: 4e-3 against 3e-4, under the tolerance).
+            q_depth = max((pipe.depth for pipe in schedule.pipelines if f"Q_{p}" in pipe.buffers), default=1)
+            if params.get("persistent") and params["mma"] == "async" and q_depth > 1:
+                return f"a persistent async kernel needs Q_{p} in one buffer, not {q_depth}: the next tile's V would overwrite a stage the last P V product still reads"
         consumers = [r for r in schedule.roles if r.name in _consumer_roles(params)]
         if len(consumers) != len(_consumer_roles(params)):
             return "the schedule lacks the kernel's consumer roles"
@@ -115,7 +142,7 @@ class Part:
             setattr(self, name, buf)
 
 
-def kernel(problem, *, block_M, block_N, stages, mma, consumers):
+def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=False):
     B, H, S, D = problem["B"], problem["H"], problem["S"], problem["D"]
     dtype, accum = problem["dtype"], "float32"
     causal = bool(problem["causal"])
@@ -167,6 +194,9 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             loop_bodies[role] = turn + body
             start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
             drain = ops("drain") if asynchronous else []
+            # Q is freed after the drain: a persistent producer loads the next
+            # tile's K and V only once it holds Q again, so the last P V product
+            # (whose V stage the loop's last step has released) is retired first.
             root_bodies[role] = [W(q, 0), *ops("init"), *start, "loop_k", *drain, R(q, 0), *ops("store")]
             producer_root += [A(q, 0), *ops("load_q"), C(q, 0)]
             producer_loop += [A(k, 0), *ops("load_k"), C(k, 0), A(v, 0), *ops("load_v"), C(v, 0)]
@@ -181,12 +211,13 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
             p = part.index
             pipelines += [T.WSPipeline(f"q{p}", [part.Q], depth=1), T.WSPipeline(f"k{p}", [part.K], depth=stages),
                           T.WSPipeline(f"v{p}", [part.V], depth=stages)]  # fmt: skip
-        return T.WSSchedule(
-            num_warps=consumer_warps + 4,
-            roles=ws_roles,
-            pipelines=pipelines,
-            scopes=[T.WSScope("loop_k", loop_bodies), T.WSScope(T.WSScope.ROOT, root_bodies)],
-        )
+        scopes = [T.WSScope("loop_k", loop_bodies)]
+        if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
+            tile_bodies = {role: ["tile", *body, "next"] for role, body in root_bodies.items()}
+            scopes += [T.WSScope("loop_tiles", tile_bodies), T.WSScope(T.WSScope.ROOT, {role: ["first", "loop_tiles"] for role in tile_bodies})]
+        else:
+            scopes.append(T.WSScope(T.WSScope.ROOT, root_bodies))
+        return T.WSSchedule(num_warps=consumer_warps + 4, roles=ws_roles, pipelines=pipelines, scopes=scopes)
 
     def alloc():
         return (
@@ -272,7 +303,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         p = part.index
         if asynchronous:
             # The last P V product. In the seed its V stage is released before
-            # this wait; harmless, as the producer loads nothing after it.
+            # this wait; harmless, as the producer loads nothing after it (or,
+            # persistent, nothing before Q is freed, after this wait: check()).
             with T.ws_op(f"drain{p}"):
                 T.wait_wgmma(0)
         with T.ws_op(f"store{p}"):
@@ -280,6 +312,22 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
                 part.acc[i, j] /= part.l[i]
             T.copy(part.acc, part.O)
             T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
+
+    @T.macro
+    def tile(Q, K, V, Output, parts, bx, by, bz):
+        """One tile: query block bx of head by, batch bz."""
+        prologue(Q, parts[0], bx, by, bz)
+        if pingpong:
+            prologue(Q, parts[1], bx, by, bz)
+            with T.ws_op("start1"):
+                T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+        for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
+            step(K, V, parts[0], k, bx, by, bz)
+            if pingpong:
+                step(K, V, parts[1], k, bx, by, bz)
+        epilogue(Output, parts[0], bx, by, bz)
+        if pingpong:
+            epilogue(Output, parts[1], bx, by, bz)
 
     @T.prim_func
     def attention(
@@ -289,27 +337,53 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers):
         Output: T.Tensor(shape, dtype),
     ):
         with T.Kernel(m_blocks, H, B, threads=consumer_warps * 32) as (bx, by, bz):
-            # Buffers take the names of the variables they are bound to: each consumer's their own.
+            # Buffers take the names of the variables they are bound to (in the
+            # prim_func itself, not a helper): each consumer's their own.
             Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0 = alloc()
             parts = [Part(0, Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0)]
             if pingpong:
                 Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
             T.annotate_ws_schedule(schedule(parts))
-            prologue(Q, parts[0], bx, by, bz)
-            if pingpong:
-                prologue(Q, parts[1], bx, by, bz)
-                with T.ws_op("start1"):
-                    T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
-            for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
-                step(K, V, parts[0], k, bx, by, bz)
-                if pingpong:
-                    step(K, V, parts[1], k, bx, by, bz)
-            epilogue(Output, parts[0], bx, by, bz)
-            if pingpong:
-                epilogue(Output, parts[1], bx, by, bz)
+            tile(Q, K, V, Output, parts, bx, by, bz)
 
-    return attention
+    tiles = m_blocks * H * B
+
+    def tile_index(round_, block):
+        """The tile a block takes in a round: dealt in reverse every other round (see the module docstring)."""
+        return round_ * PERSISTENT_BLOCKS + T.if_then_else(round_ % 2 == 0, block, PERSISTENT_BLOCKS - 1 - block)
+
+    @T.prim_func
+    def attention_persistent(
+        Q: T.Tensor(shape, dtype),
+        K: T.Tensor(shape, dtype),
+        V: T.Tensor(shape, dtype),
+        Output: T.Tensor(shape, dtype),
+    ):
+        with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block:
+            # Buffers take the names of the variables they are bound to (in the
+            # prim_func itself, not a helper): each consumer's their own.
+            Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0 = alloc()
+            parts = [Part(0, Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0)]
+            if pingpong:
+                Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
+                parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
+            round_ = T.alloc_var("int32")
+            T.annotate_ws_schedule(schedule(parts))
+            with T.ws_op("first"):
+                round_ = 0
+            with T.ws_op("loop_tiles"):
+                while tile_index(round_, block) < tiles:
+                    with T.ws_op("tile"):  # launch order: query block fastest, then head, then batch
+                        t = tile_index(round_, block)
+                        bx = t % m_blocks
+                        by = t // m_blocks % H
+                        bz = t // (m_blocks * H)
+                    tile(Q, K, V, Output, parts, bx, by, bz)
+                    with T.ws_op("next"):
+                        round_ = round_ + 1
+
+    return attention_persistent if persistent else attention
 
 
 def _bhsd(t):

@@ -29,7 +29,7 @@ GEMM = ROOT / "examples" / "gemm.py"
 ATTN_PROBLEM = {"B": 4, "H": 16, "S": 4096, "D": 128, "causal": 0, "dtype": "float16"}
 GEMM_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "dtype": "float16", "b_layout": "row"}
 GEMM_PARAMS = {"block_M": 128, "block_N": 256, "block_K": 64, "swizzle": 8, "epilogue": "direct", "persistent": False, "mma": "sync"}
-ATTN_PARAMS = {"block_M": 128, "block_N": 128, "stages": 2, "mma": "async", "consumers": "cooperative"}
+ATTN_PARAMS = {"block_M": 128, "block_N": 128, "stages": 2, "mma": "async", "consumers": "cooperative", "persistent": False}
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,8 @@ def test_every_allowed_attention_variant_verifies(attention, changes):
     seen = set()
     for params, func, seed in allowed_variants(attention, problem):
         verify(func, seed)
-        seen.add((params["mma"], params["consumers"], params["block_M"]))
-    assert {(m, c) for m, c, _ in seen} == {("sync", "cooperative"), ("async", "cooperative"), ("sync", "pingpong"), ("async", "pingpong")}
+        seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"]))
+    assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (False, True)))
     assert {b for *_, b in seen} == {64, 128, 192}  # one to three consumer warpgroups
 
 
@@ -142,6 +142,15 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert "V_1 must be consumed one stage after K_1" in attention.check(ATTN_PROBLEM, params, _with_stage(seed, "v1", 0))
     merged = _renamed(seed, {"k0": "kv0", "v0": "kv0"}, Pipeline("kv0", ("K_0", "V_0"), 1))
     assert "share a pipeline" in attention.check(ATTN_PROBLEM, params, merged)
+    # Persistent async: a second Q buffer lets the producer load the next tile's V into
+    # the stage the last P V product still reads (the sync form retires it first).
+    for mma, refused in (("async", True), ("sync", False)):
+        params = {**ATTN_PARAMS, "persistent": True, "mma": mma}
+        seed = Task.make(attention, ATTN_PROBLEM).point_info(params).seed
+        assert attention.check(ATTN_PROBLEM, params, seed) is None
+        double_q = seed.with_(pipelines=tuple(Pipeline(p.name, p.buffers, 2) if p.name == "q0" else p for p in seed.pipelines))
+        reason = attention.check(ATTN_PROBLEM, params, double_q)
+        assert ("needs Q_0 in one buffer" in reason) if refused else reason is None
     # The token released at the stage of A and B: a stage freed under a running wgmma.
     params = {**GEMM_PARAMS, "mma": "async"}
     seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed
@@ -209,6 +218,8 @@ def test_gemm_vendor_is_cublas_through_torch(gemm):
 REPRESENTATIVE = [
     (ATTENTION, ATTN_PROBLEM, ATTN_PARAMS),
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1, "dtype": "bfloat16"}, {**ATTN_PARAMS, "block_N": 64, "mma": "sync", "consumers": "pingpong"}),
+    # Persistent, causal: the tile loop with a per-tile K/V extent, the async drain before Q is freed.
+    (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True}),
     (GEMM, GEMM_PROBLEM, {**GEMM_PARAMS, "mma": "async", "persistent": True, "epilogue": "smem"}),
 ]
 
@@ -307,8 +318,11 @@ def test_examples_check_plans_each_variant_and_its_baselines(monkeypatch):
         assert all(r.candidate and r.candidate["lowering"] == "ws" for r in variants)
         assert [r.params.get("mma", "sync") for r in group if r.kind == "tilelang"] == ["sync", "sync"]
         if kernel == "attention":
-            assert {(r.params["mma"], r.params["consumers"], r.params["block_M"]) for r in variants} == set(
-                itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128,))) | {("sync", "cooperative", 192), ("async", "cooperative", 192)}
+            one_block_per_tile = set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (128,))) | {
+                ("sync", "cooperative", 192), ("async", "cooperative", 192)}  # fmt: skip
+            assert {(r.params["mma"], r.params["consumers"], r.params["block_M"], r.params["persistent"]) for r in variants} == {
+                (*v, persistent) for v in one_block_per_tile for persistent in (False, True)}  # fmt: skip
+            assert [r.params["persistent"] for r in group if r.kind == "tilelang"] == [False, False]
             assert [r.label for r in group if r.kind == "vendor"] == ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
         else:
             assert {(r.params["mma"], r.params["persistent"]) for r in variants} == set(itertools.product(("sync", "async"), (False, True)))

@@ -39,11 +39,11 @@ GEMM_PARAMS = {"block_M": 128, "block_N": 256, "block_K": 64, "swizzle": 8}
 
 
 def attention_variants(spec, problem):
-    """Each (mma, consumers, stages) at the first block sizes check() allows; and
-    three consumer warpgroups (block_M 192) where check() allows them."""
-    for mma, consumers, stages in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (1, 2)):
+    """Each (mma, consumers, stages, persistent) at the first block sizes check()
+    allows; and three consumer warpgroups (block_M 192) where check() allows them."""
+    for mma, consumers, stages, persistent in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (1, 2), (False, True)):
         for block_N in (128, 64):
-            params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers}
+            params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers, "persistent": persistent}
             if spec.check(problem, params, None) is None:
                 yield params
                 break
@@ -67,7 +67,7 @@ def seed_inputs(path, problems, variants):
             _, seed = compiler.prepare(spec.build(problem, params))
             if spec.check(problem, params, seed):
                 continue
-            out.append(RunInput(str(spec.path), spec.source_hash, problem, Candidate.make(params, seed), EvaluatorConfig(warmup=2, reps=5, checks=2, timeout=120)))
+            out.append(RunInput(str(spec.path), spec.source_hash, problem, Candidate.make(params, seed), EvaluatorConfig(checks=2, timeout=120)))
     with LocalBuilder(jobs=14, timeout=900) as builder:
         for ri, built in zip(out, builder.build([BuildInput(ri.kernel_path, ri.source_hash, ri.problem, ri.candidate) for ri in out])):
             assert built.status is Status.BUILT, (ri.problem, ri.candidate.param_dict, built.message)
