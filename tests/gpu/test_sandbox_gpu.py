@@ -33,7 +33,7 @@ def test_runner_times_a_real_kernel_without_secrets(tmp_path: Path, example_path
     task = Task.make(spec, spec.parse_problem("M=4096,N=4096,K=4096"))
     candidate = task.space().seed_candidate(tuple(sorted(GEMM_PARAMS.items())))
     seen.unlink()  # written by the load above, in this process; the runner's worker writes it again
-    run = RunInput(str(recording), spec.source_hash, task.problem, candidate, EvaluatorConfig(reps=10, timeout=120))
+    run = RunInput(str(recording), spec.source_hash, task.problem, candidate, EvaluatorConfig(timeout=120))
     with LocalRunner(0) as runner:
         result = runner.submit(run).result()
     assert result.status is Status.OK, result.message

@@ -60,7 +60,7 @@ def test_generated_candidates_compute_what_the_seed_computes(name):
     inputs = [BuildInput(str(spec.path), spec.source_hash, task.problem, c) for c in cands]
     with LocalBuilder(jobs=max(1, (os.cpu_count() or 2) - 2), timeout=600) as builder:
         builds = builder.build(inputs)
-    config = EvaluatorConfig(reps=3, warmup=1, timeout=60)
+    config = EvaluatorConfig(timeout=60)
     results = {}
     with LocalRunner(0) as runner:
         for b in builds:
