@@ -23,8 +23,9 @@ How the promises are kept (the store's ``queue.py`` holds the SQL):
   ``drain_timeout`` or are handed back (re-queued, not failed). A second
   signal hands them back at once. Either way the worker is gone within the
   drain time even while the database does not answer: database calls in
-  flight are cut, no new one is made (``Retrying``), and the goodbye to the
-  database (handing back the leases, signing off) is given a few seconds in all.
+  flight are cut and later ones refused (``guard.interrupt``), no new one is
+  made (``Retrying``), and the goodbye to the database (handing back the
+  leases, signing off) is given a few seconds in all.
 
 The pieces: ``stages.py`` (the builder, the runner, a job's engine),
 ``recorder.py`` (the job's recorder, retried database calls, held leases).
@@ -101,9 +102,13 @@ class Worker:
         self.drain()
         if not self._abort.is_set():
             self._abort.set()
-            self.store.interrupt()
+            # Refused, not only cut: a call past Retrying's check, SQLAlchemy's reconnect
+            # after a failed check, Optuna's next statement, the heartbeat's next round all
+            # fail at once instead of waiting out their own timeouts one after another.
+            # The goodbye alone may wait again (resume), bounded as a whole.
+            self.store.interrupt(refuse=True)
             if self._optuna is not None:
-                interrupt(self._optuna.engine)
+                interrupt(self._optuna.engine, refuse=True)
 
     @property
     def draining(self) -> bool:
@@ -157,6 +162,8 @@ class Worker:
     def _goodbye(self) -> None:
         """Hand back the leases and sign off, within GOODBYE_S: a database that does
         not answer must not keep a stopping worker alive (the sweeper re-queues)."""
+
+        self.store.resume()  # after abort() refused the database: the goodbye may wait on it, bounded below
 
         def goodbye() -> None:
             if not self._hand_back(self.leases.held()):

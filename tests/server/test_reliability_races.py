@@ -173,3 +173,29 @@ def test_a_stalled_transaction_does_not_block_the_others(pg_url: str, make_job: 
         connection.execute(text("SELECT 1"))
     connection.invalidate()
     connection.close()
+
+
+@pytest.mark.postgres
+def test_a_worker_frozen_inside_its_heartbeat_does_not_hold_up_the_sweep(pg_url: str, make_job: Callable, open_db: Callable) -> None:
+    """A worker frozen inside its heartbeat's transaction (SIGSTOP, a black-holed
+    connection) keeps its own row locked until PostgreSQL ends that transaction. The
+    sweeper must still re-queue its stale slots meanwhile (it used to wait for the row,
+    hit lock_timeout and roll the re-queues back with it), and mark it lost later."""
+    queue = JobQueue(open_db(pg_url))
+    job = make_job(pg_url, budget=2)
+    queue.register_worker("w1", host="h", pid=1, gpu=None, device="dev")
+    queue.claim_job("w1", "dev")
+    assert queue.claim_slot(job.id, "w1") is not None
+    _backdate(pg_url)
+    frozen = create_engine(pg_url)
+    try:
+        with frozen.begin() as connection:  # its last heartbeat that reached the database
+            connection.execute(text("UPDATE ws_tune_workers SET heartbeat_at = now() - interval '10 minutes' WHERE id = 'w1'"))
+        with frozen.connect() as connection:  # the next one, frozen half-way: the row stays locked
+            connection.execute(text("UPDATE ws_tune_workers SET heartbeat_at = now() WHERE id = 'w1'"))
+            report = queue.sweep(grace=15, max_retry=2)
+            assert (report.requeued, report.lost_workers) == (1, 0)
+            connection.rollback()  # PostgreSQL ends it (idle_in_transaction_session_timeout)
+        assert queue.sweep(grace=15, max_retry=2).lost_workers == 1  # once the row is free
+    finally:
+        frozen.dispose()

@@ -79,11 +79,15 @@ class Sweeper(OnStore):
                     candidate = Candidate.from_json(json.loads(row.candidate))
                     result = TrialResult(candidate.hash, Status.CRASH, message, info={"quarantined": True})
                     upsert_trials(session, self.sql, workload_id=row.workload_id, items=[(candidate, result)])
+            # Skip a worker row another transaction holds: a worker frozen inside its heartbeat
+            # (a black-holed connection) keeps it locked until PostgreSQL ends that transaction,
+            # and waiting for it would hit lock_timeout and roll back the re-queues above too.
+            # It is marked lost by a later sweep.
+            lost_clause = and_(WorkerModel.state.in_(ALIVE), WorkerModel.heartbeat_at < cutoff)
+            lost_ids = session.scalars(self.sql.skip_locked(select(WorkerModel.id).where(lost_clause))).all()
             lost = session.execute(
-                update(WorkerModel)
-                .where(WorkerModel.state.in_(ALIVE), WorkerModel.heartbeat_at < cutoff)
-                .values(state=W_LOST)
-            ).rowcount
+                update(WorkerModel).where(WorkerModel.id.in_(lost_ids), lost_clause).values(state=W_LOST)
+            ).rowcount if lost_ids else 0  # fmt: skip
             finished = session.execute(succeed(finished_jobs(), now)).rowcount
         if requeued or failed:
             _log.warning("sweeper: re-queued %d stale trial(s), quarantined %d", requeued, failed)
