@@ -181,13 +181,13 @@ def test_lookups_that_arrive_together_are_answered_by_one_statement(store: Store
     statements: list[int] = []
     many = store._best_many
     assert many is not None
-    run = many.all
+    run = many.all_on_loop
 
-    def counted(values: dict[str, Any]) -> Any:
+    async def counted(values: dict[str, Any]) -> Any:
         statements.append(len(values["kernel_list"]))
-        return run(values)
+        return await run(values)
 
-    many.all = counted  # type: ignore[method-assign]
+    many.all_on_loop = counted  # type: ignore[method-assign]
 
     async def together() -> list[Any]:
         return await asyncio.gather(*(store.best_stored_async(**where) for where in wheres))
@@ -195,7 +195,7 @@ def test_lookups_that_arrive_together_are_answered_by_one_statement(store: Store
     try:
         answers = _LOOP.run_until_complete(together())
     finally:
-        del many.all
+        del many.all_on_loop
     assert answers == [store.best_stored(**where) for where in wheres]
     assert answers[0] is not None and answers[2] is None and answers[4] is None
     assert sum(statements) == len(wheres) and len(statements) < len(wheres), statements

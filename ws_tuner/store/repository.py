@@ -209,7 +209,7 @@ class Store(Database):
         self._best_query = None if in_memory else RawQuery(self, _BEST_ROW, max_idle=pool_size or 5)
         self._best_of_workload = None if in_memory else RawQuery(self, _BEST_OF_WORKLOAD, max_idle=pool_size or 5)
         # A server's concurrent lookups, answered together (PostgreSQL; SQLite is read in place).
-        self._best_many = RawQuery(self, _BEST_ROWS, max_idle=pool_size or 5, threads=2) if self.dialect == "postgresql" else None
+        self._best_many = RawQuery(self, _BEST_ROWS, max_idle=pool_size or 5) if self.dialect == "postgresql" else None
         self._coalesced = Coalesced(self._best_many, _ASKED_BY) if self._best_many is not None else None
         try:
             ensure_schema(self)
