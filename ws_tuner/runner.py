@@ -123,8 +123,12 @@ class LocalRunner(Runner):
 
     def close(self) -> None:
         self._pool.close()
-        self._pool.join(timeout=10)
+        try:
+            self._pool.join(timeout=10)
+        except TimeoutError:  # pebble: a run still going (a hung kernel, a stopping worker): stopped below, not waited for
+            pass
         self._pool.stop()
+        self._pool.join()
         try:
             os.unlink(self._side_file)
         except OSError:
