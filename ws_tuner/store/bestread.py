@@ -11,14 +11,12 @@ row's values converted by the very result processors SQLAlchemy would apply,
 so the answer is the one ``best_stored`` gives (tests/store/test_store_best.py
 checks both paths against each other).
 
-``all_async`` is for a caller on an event loop (the server's lookups). A hop into
-the server's thread pool and back cost more CPU than the query itself (the GIL
-passed among its dozens of threads on two cores), so: SQLite is read in place, on
-the loop, for a read of one indexed row takes tens of microseconds and a reader in
-WAL mode does not wait for writers; PostgreSQL in a few threads of the reader's own
-(measured: 8 threads served 40% more lookups at 30% less CPU than psycopg's
-AsyncConnection on the loop, whose waits cost more Python than a thread hop), and
-``Coalesced`` sends the lookups that arrive together as one statement.
+From an event loop (the server's lookups), a hop into the server's thread pool
+and back cost more CPU than the query itself (the GIL passed among its dozens of
+threads on two cores), so: SQLite is read in place, on the loop, for a read of one
+indexed row takes tens of microseconds and a reader in WAL mode does not wait for
+writers; on PostgreSQL, ``Coalesced`` sends the lookups that arrive together as one
+statement, from the loop itself (``all_on_loop``, psycopg's AsyncConnection).
 
 The guarantees of the store's own connections hold here too: they are opened
 with the engine's connection arguments and set up as the engine's (``connect``
@@ -33,7 +31,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import Select
@@ -54,10 +51,10 @@ class RawQuery:
     database; rows come back as tuples in the select's column order, with each
     column's value as SQLAlchemy would return it."""
 
-    def __init__(self, db: Database, statement: Select[Any], *, max_idle: int, threads: int = 8) -> None:
+    def __init__(self, db: Database, statement: Select[Any], *, max_idle: int) -> None:
         engine = db.engine
         dialect = engine.dialect
-        self.db, self.engine, self.max_idle, self.threads = db, engine, max_idle, threads
+        self.db, self.engine, self.max_idle = db, engine, max_idle
         self.pg = dialect.name == "postgresql"
         compiled = statement.compile(dialect=dialect)
         self.sql = str(compiled)
@@ -82,7 +79,6 @@ class RawQuery:
         self._idle: list[tuple[Any, float]] = []  # LIFO: (connection, when it was last returned)
         self._lock = threading.Lock()
         self._closed = False
-        self._executor: ThreadPoolExecutor | None = None  # all_async's threads on PostgreSQL, started on first use
         self._loop_idle: list[tuple[Any, float]] = []  # all_on_loop's psycopg AsyncConnections (PostgreSQL)
         self._loop_of_idle: asyncio.AbstractEventLoop | None = None  # the loop they were opened on
 
@@ -173,19 +169,6 @@ class RawQuery:
 
     # --- from the event loop -----------------------------------------------------
 
-    async def all_async(self, values: dict[str, Any]) -> list[Row]:
-        """``all`` for a caller on an event loop (see the module docstring)."""
-        if not self.pg:
-            return self.all(values)
-        return await asyncio.get_running_loop().run_in_executor(self.executor(), self.all, values)
-
-    def executor(self) -> ThreadPoolExecutor:
-        """The threads that run this query for callers on an event loop (PostgreSQL)."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="ws-tune-best-read")
-            return self._executor
-
     async def all_on_loop(self, values: dict[str, Any]) -> list[Row]:
         """``all`` on the calling event loop over psycopg's AsyncConnection (PostgreSQL),
         for a caller that sends few statements, each for many callers (``Coalesced``):
@@ -243,10 +226,7 @@ class RawQuery:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-            executor, self._executor = self._executor, None
             loop_idle, self._loop_idle = self._loop_idle, []
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
         for connection, _ in idle:
             connection.close()
         for connection, _ in loop_idle:  # from outside their loop: libpq's own close, which does not wait

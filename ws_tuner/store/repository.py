@@ -403,8 +403,8 @@ class Store(Database):
         where = {"kernel": kernel, "source_hash": source_hash, "problem": problem, "device": device}
         if self._coalesced is not None:
             return _stored_best(await self._coalesced.all(where))
-        query = self._best_query
-        return self.best_stored(**where) if query is None else _stored_best(await query.all_async(where))
+        query = self._best_query  # SQLite: one indexed read, in place (bestread.py)
+        return self.best_stored(**where) if query is None else _stored_best(query.all(where))
 
     def status_counts(self, *, workload_id: int) -> dict[str, int]:
         """How many trials of the workload are in each status (status value -> count)."""
