@@ -123,7 +123,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.__class__ = _ServiceApp
     app.state.services = services
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
-    app.front = BestLookupFastPath(super(_ServiceApp, app).__call__, services=services, path=f"{API_PREFIX}/best")
+    app.front = BestLookupFastPath(super(_ServiceApp, app).__call__, services, f"{API_PREFIX}/best", need_token=settings.reads_need_token)
     app.include_router(api_router(settings))
     install_dashboard(app, settings)  # /dashboard and /api/v1/workloads
 

@@ -93,9 +93,8 @@ class BestLookupFastPath:
     time to live is served here (no query); any other falls through, to be
     checked by the route."""
 
-    def __init__(self, app: Any, services: Any, path: str) -> None:
-        self.app, self.services, self.path = app, services, path
-        self.need_token = services.settings.reads_need_token
+    def __init__(self, app: Any, services: Any, path: str, *, need_token: bool) -> None:
+        self.app, self.services, self.path, self.need_token = app, services, path, need_token
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":

@@ -138,7 +138,7 @@ def test_authenticated_reads_on_the_fast_path(db_url: str, live_server: Callable
 
         headers = [(b"authorization", authorization)] if authorization else []
         scope = {"type": "http", "method": "GET", "path": "/api/v1/best", "query_string": query, "headers": headers}
-        await BestLookupFastPath(app, live.services, "/api/v1/best")(scope, None, send)
+        await BestLookupFastPath(app, live.services, "/api/v1/best", need_token=True)(scope, None, send)
         return sent
 
     served = asyncio.run(call(f"bearer {token}".encode()))
