@@ -23,9 +23,8 @@ How the promises are kept (the store's ``queue.py`` holds the SQL):
   ``drain_timeout`` or are handed back (re-queued, not failed). A second
   signal hands them back at once. Either way the worker is gone within the
   drain time even while the database does not answer: database calls in
-  flight are cut and later ones refused (``guard.interrupt``), no new one is
-  made (``Retrying``), and the goodbye to the database (handing back the
-  leases, signing off) is given a few seconds in all.
+  flight are cut, no new one is made (``Retrying``), and the goodbye to the
+  database (handing back the leases, signing off) is given a few seconds in all.
 
 The pieces: ``stages.py`` (the builder, the runner, a job's engine),
 ``recorder.py`` (the job's recorder, retried database calls, held leases).
