@@ -101,13 +101,9 @@ class Worker:
         self.drain()
         if not self._abort.is_set():
             self._abort.set()
-            # Refused, not only cut: a call past Retrying's check, SQLAlchemy's reconnect
-            # after a failed check, Optuna's next statement, the heartbeat's next round all
-            # fail at once instead of waiting out their own timeouts one after another.
-            # The goodbye alone may wait again (resume), bounded as a whole.
-            self.store.interrupt(refuse=True)
+            self.store.interrupt()
             if self._optuna is not None:
-                interrupt(self._optuna.engine, refuse=True)
+                interrupt(self._optuna.engine)
 
     @property
     def draining(self) -> bool:
@@ -161,8 +157,6 @@ class Worker:
     def _goodbye(self) -> None:
         """Hand back the leases and sign off, within GOODBYE_S: a database that does
         not answer must not keep a stopping worker alive (the sweeper re-queues)."""
-
-        self.store.resume()  # after abort() refused the database: the goodbye may wait on it, bounded below
 
         def goodbye() -> None:
             if not self._hand_back(self.leases.held()):

@@ -169,15 +169,14 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
     assert code == 0, log[-3000:]
     print(f"\nSIGTERM with the database silent: stopped after {took:.1f} s (drain time 3 s)")
     # What the design promises (db_timeout 3 s: connect timeout 2 s): the drain (3 s); then
-    # the call in flight, cut at once, or a new connection of its already under way running
-    # out (2 s): from the cut on, the database is refused (guard.interrupt with refuse), so
-    # no check of a pooled connection, reconnect or further statement waits after it; the
-    # goodbye, bounded at 3 s in all; the heartbeat's join (1 s); leaving the interpreter
-    # (~0.1 s: the collector is frozen first). 3 + 2 + 3 + 1 = 9 s at most; seen 5.2-5.3 s
-    # with two CPU burners. The one step that grew with load was that finalization, before
-    # the freeze: 0.5-0.7 s of CPU, 2-4 s of wall time with CPU burners, likely what took a
-    # full-suite run to 18.8 s.
-    assert took < 3 + 7, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time:\n{log[-3000:]}"
+    # the call in flight, cut at once, or its new connection into the silence running out
+    # (2 s), or at worst a pooled connection's check taken just after the cut and the
+    # reconnect that follows it (2 + 2 s); the goodbye, bounded at 3 s in all; the
+    # heartbeat's join (1 s); leaving the interpreter (~0.1 s: the collector is frozen
+    # first). 3 + 4 + 3 + 1 = 11 s at most; seen 5.2-5.3 s with two CPU burners. The one
+    # step that grew with load was that finalization, before the freeze: 0.5-0.7 s of CPU,
+    # 2-4 s of wall time with CPU burners, likely what took a full-suite run to 18.8 s.
+    assert took < 3 + 9, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time:\n{log[-3000:]}"
     assert "draining" in log
     # What it held is not lost: past the grace period, the sweeper re-queues it. A transaction
     # the black hole froze half-way keeps its slot's row locked (the sweeper skips locked rows)
@@ -187,38 +186,3 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
         return queue.job_trials(job.id, state="running")[1] == 0
 
     wait_for(swept, 30, 0.5, "the sweeper to re-queue what the stopped worker held")
-
-
-@pytest.mark.postgres
-@pytest.mark.timeout(60)
-def test_a_refusing_store_fails_every_call_at_once_until_resumed(proxy, pg_url: str, open_db: Callable) -> None:
-    """A worker leaving cuts its calls in flight and refuses later ones (guard.interrupt
-    with refuse): on a silent database, a call made after the cut fails at once, where
-    it would wait out its own timeouts (a pooled connection's check, then a connect:
-    2 + 2 s here). Resumed (the goodbye), calls wait on the database again."""
-    from sqlalchemy import text
-
-    from ws_tuner.store import StoreError, open_store
-    from ws_tuner.store.guard import DbTimeouts
-
-    hole, via_proxy = proxy
-    store = open_store(via_proxy, timeouts=DbTimeouts.within(float(DB_TIMEOUT)))
-    try:
-        def select_one() -> int:
-            with store.session_scope() as session:
-                return session.scalar(text("SELECT 1"))
-
-        assert select_one() == 1
-        time.sleep(1.2)  # the pooled connection is now checked when taken out (guard.RECENT_S)
-        hole.blackhole()
-        store.interrupt(refuse=True)
-        for _ in range(3):
-            started = time.monotonic()
-            with pytest.raises(StoreError):
-                select_one()
-            assert time.monotonic() - started < 0.5
-        hole.heal()
-        store.resume()
-        assert wait_for(lambda: select_one() == 1, 20, 0.2, "a new connection once resumed")
-    finally:
-        store.close()

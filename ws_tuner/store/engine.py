@@ -28,7 +28,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from .guard import DbTimeouts, guard_postgresql, interrupt, resume
+from .guard import DbTimeouts, guard_postgresql, interrupt
 
 _log = logging.getLogger(__name__)
 
@@ -285,13 +285,9 @@ class Database:
     def close(self) -> None:
         self.engine.dispose()
 
-    def interrupt(self, *, refuse: bool = False) -> int:
-        """Make every call now waiting on the database fail at once; with ``refuse``,
-        every later one too, until ``resume()`` (see guard.py)."""
-        return interrupt(self.engine, refuse=refuse)
-
-    def resume(self) -> None:
-        resume(self.engine)
+    def interrupt(self) -> int:
+        """Make every call now waiting on the database fail at once (see guard.py)."""
+        return interrupt(self.engine)
 
     def error(self, exc: BaseException) -> StoreError:
         return StoreError(f"ws-tune database at {self.display_url}: {one_line(exc)}")

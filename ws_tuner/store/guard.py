@@ -29,7 +29,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,9 +78,6 @@ class _Watchdog:
 
     def hold(self, record: Any, dbapi_connection: Any, seconds: float, engine: Engine) -> None:
         with self._lock:
-            if engine in _refusing:  # taken out after interrupt(refuse=True): cut now, not at its deadline
-                _shutdown(dbapi_connection)
-                return
             self._held[id(record)] = (time.monotonic() + seconds, dbapi_connection, engine)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ws-tune-db-watchdog", daemon=True)
@@ -110,9 +106,6 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
-# Engines of a process that is leaving (interrupt(refuse=True)): no connection of theirs may
-# wait on the database any more, until resume().
-_refusing: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
 def _shutdown(dbapi_connection: Any) -> int:
@@ -179,30 +172,12 @@ def guard_postgresql(engine: Engine, timeouts: DbTimeouts) -> None:
         if dbapi_connection is not None:
             record.info["ws_tune_returned"] = time.monotonic()
 
-    def on_do_connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
-        if engine in _refusing:  # not even a connect timeout's wait
-            raise dialect.loaded_dbapi.OperationalError("not connecting: the process is leaving (the database was interrupted)")
-
-    event.listen(engine, "do_connect", on_do_connect)
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "checkout", on_checkout)
     event.listen(engine, "checkin", on_checkin)
 
 
-def interrupt(engine: Engine, *, refuse: bool = False) -> int:
+def interrupt(engine: Engine) -> int:
     """Cut every connection ``engine`` has out of its pool now: calls waiting on
-    them fail at once (a worker told to stop while the database does not answer).
-
-    With ``refuse``, until ``resume(engine)``, every later wait fails at once too: a
-    connection taken out is cut as it is, and none is opened. A cut alone leaves the
-    calls that come after it to their own timeouts, and those chain: SQLAlchemy's
-    reconnect after the failed check of a pooled connection (2 x connect), Optuna's
-    next statement, another thread's next call."""
-    if refuse:
-        _refusing.add(engine)  # before the cut: a connection taken out meanwhile is cut by one or the other
+    them fail at once (a worker told to stop while the database does not answer)."""
     return _watchdog.cut(engine)
-
-
-def resume(engine: Engine) -> None:
-    """Let ``engine`` wait on the database again after ``interrupt(refuse=True)``."""
-    _refusing.discard(engine)
