@@ -191,9 +191,7 @@ class Worker:
 
     def _optuna_storage(self) -> Any:
         if self._optuna is None:
-            # One attempt a call: the worker's Retrying retries, and stops retrying once the worker leaves
-            # (optuna_storage's own retries would wait out several connect timeouts on a silent database).
-            self._optuna = self.retry.call("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts, attempts=1)
+            self._optuna = self.retry.call("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
             if self.queue.stalled_transaction_timeout:  # a stopped worker inside an Optuna transaction stalls the others too
                 abort_stalled_transactions(self._optuna.engine, self.queue.stalled_transaction_timeout)
         return self._optuna
