@@ -191,7 +191,8 @@ class Worker:
 
     def _optuna_storage(self) -> Any:
         if self._optuna is None:
-            self._optuna = self.retry.call("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts)
+            self._optuna = self.retry.call("open Optuna storage", optuna_storage, self.store.url, timeouts=self.store.timeouts,
+                                           abort=self.retry.abort)
             if self.queue.stalled_transaction_timeout:  # a stopped worker inside an Optuna transaction stalls the others too
                 abort_stalled_transactions(self._optuna.engine, self.queue.stalled_transaction_timeout)
         return self._optuna

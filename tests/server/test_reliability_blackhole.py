@@ -21,7 +21,9 @@ import pytest
 from sqlalchemy import make_url
 from svc_helpers import FAKE_ARGS, wait_for
 
-from ws_tuner.store.queue import JobQueue
+from ws_tuner.store.engine import StoreError
+from ws_tuner.store.guard import DbTimeouts
+from ws_tuner.store.queue import JobQueue, optuna_storage
 
 DB_TIMEOUT = "3"  # seconds one database call may take (WS_TUNE_DB_TIMEOUT): keeps the test short
 
@@ -186,3 +188,21 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
         return queue.job_trials(job.id, state="running")[1] == 0
 
     wait_for(swept, 30, 0.5, "the sweeper to re-queue what the stopped worker held")
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_opening_optuna_storage_stops_retrying_once_the_worker_leaves(proxy) -> None:
+    """A job's first step opens Optuna's storage, retried for the race of its table
+    creation; on a silent database each attempt costs a connect timeout, and five of
+    them outlasted a leaving worker's drain by ~13 s."""
+    hole, via_proxy = proxy
+    hole.blackhole()
+    timeouts = DbTimeouts.within(float(DB_TIMEOUT))  # connect timeout 2 s
+    leaving = threading.Event()
+    threading.Timer(0.5, leaving.set).start()
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="cannot open Optuna storage"):
+        optuna_storage(via_proxy, timeouts=timeouts, abort=leaving)
+    took = time.monotonic() - started
+    assert took < timeouts.connect + 1.5, f"took {took:.1f} s after the worker began to leave"
