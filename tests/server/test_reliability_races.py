@@ -199,3 +199,45 @@ def test_a_worker_frozen_inside_its_heartbeat_does_not_hold_up_the_sweep(pg_url:
         assert queue.sweep(grace=15, max_retry=2).lost_workers == 1  # once the row is free
     finally:
         frozen.dispose()
+
+
+def test_the_worker_that_finishes_a_job_closes_it_before_any_sweep(db_url: str, make_job: Callable, open_db: Callable) -> None:
+    """The worker that records a job's last result closes the job itself and then runs
+    its final tournament, which it skips if a sweep closed the job first: sweeps (every
+    worker's heartbeat, the server's) leave a finished job to its worker for the grace
+    period, and close it after that (its worker died before closing it)."""
+    from ws_tuner.result import Status, Timing, TrialResult
+
+    store = open_db(db_url)
+    queue = JobQueue(store)
+    job = make_job(db_url, budget=1)
+    queue.claim_job("w1", "dev")
+    lease = queue.claim_slot(job.id, "w1")
+    assert lease is not None
+    workload = store.workload_id(fake_key())
+    candidate = Candidate.make({"only": 1}, None, Lowering.DEFAULT)
+    assert queue.assign_candidate(lease, candidate, workload_id=workload) == "assigned"
+    result = TrialResult(candidate.hash, Status.OK, timing=Timing(1.0, 1.0, 1.0, 1))
+    assert queue.finish_slot(lease, workload_id=workload, candidate=candidate, result=result)
+    assert queue.sweep(grace=15, max_retry=2).finished_jobs == 0  # a sweeper between the last result and its worker
+    assert queue.complete_job_if_done(job.id)  # the worker: its tournament follows
+
+    second = make_job(db_url, budget=1, problem={"M": 2})
+    queue.claim_job("w2", "dev")
+    lease = queue.claim_slot(second.id, "w2")
+    assert lease is not None and queue.finish_slot(lease, workload_id=workload, candidate=candidate, result=result)
+    _backdate_all(db_url)  # its worker died before closing it
+    assert queue.sweep(grace=15, max_retry=2).finished_jobs == 1
+    assert queue.get_job(second.id).state == "succeeded"
+
+
+def _backdate_all(db_url: str) -> None:
+    """Make every trial and job look last touched ten minutes ago."""
+    ago = "now() - interval '10 minutes'" if db_url.startswith("postgresql") else "datetime('now', '-600 seconds')"
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"UPDATE ws_tune_job_trials SET heartbeat_at = {ago}"))
+            connection.execute(text(f"UPDATE ws_tune_jobs SET updated_at = {ago}"))
+    finally:
+        engine.dispose()

@@ -89,7 +89,7 @@ class Leases(OnStore):
                 return None
             if job.time_budget is not None and job.started_at is not None:
                 if (self.sql.clock(session) - utc(job.started_at)).total_seconds() >= job.time_budget:
-                    session.execute(update(JobModel).where(JobModel.id == job_id).values(exhausted=True))
+                    session.execute(update(JobModel).where(JobModel.id == job_id).values(exhausted=True, updated_at=self.sql.now()))
                     return None
             claimed = session.scalar(
                 update(JobModel)
@@ -176,7 +176,7 @@ class Leases(OnStore):
         the slot is dropped and the job claims no more."""
         with self.store.session_scope() as session:
             if exhausted:
-                session.execute(update(JobModel).where(JobModel.id == lease.job_id).values(exhausted=True))
+                session.execute(update(JobModel).where(JobModel.id == lease.job_id).values(exhausted=True, updated_at=self.sql.now()))
                 result = session.execute(delete(JobTrialModel).where(_fence(lease), JobTrialModel.candidate_hash.is_(None)))
                 if result.rowcount == 1:
                     return True

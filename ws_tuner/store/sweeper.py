@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, exists, or_, select, update
 
 from ..candidate import Candidate
 from ..result import Status, TrialResult
@@ -88,7 +88,13 @@ class Sweeper(OnStore):
             lost = session.execute(
                 update(WorkerModel).where(WorkerModel.id.in_(lost_ids), lost_clause).values(state=W_LOST)
             ).rowcount if lost_ids else 0  # fmt: skip
-            finished = session.execute(succeed(finished_jobs(), now)).rowcount
+            # Only jobs quiet for the grace period: the worker that finishes a job's last slot
+            # closes it itself and then runs its final tournament, which it skips when a sweep
+            # got there first (under load, in the moment between the two). A job left finished
+            # by a worker that died is still closed, a grace period later.
+            recent = exists().where(JobTrialModel.job_id == JobModel.id, JobTrialModel.heartbeat_at >= cutoff)
+            quiet = and_(finished_jobs(), JobModel.updated_at < cutoff, ~recent)
+            finished = session.execute(succeed(quiet, now)).rowcount
         if requeued or failed:
             _log.warning("sweeper: re-queued %d stale trial(s), quarantined %d", requeued, failed)
         return SweepReport(requeued, failed, finished, lost)
