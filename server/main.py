@@ -10,6 +10,7 @@ running workers. Every error body is ``{"detail": "<one line>"}``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -29,8 +30,10 @@ from ..store import StoreError
 from .api.main import API_PREFIX, api_router
 from .config import Settings
 from .dashboard import install as install_dashboard
-from .middleware import BestLookupFastPath, BodySizeLimit
-from .schemas import EVERY_ROUTE
+from .api.routes.jobs import create_job
+from .middleware import BestLookupFastPath, BodySizeLimit, SubmitFastPath
+from .schemas import EVERY_ROUTE, JobCreate
+from .security import JOBS_WRITE
 from .state import Services
 
 _log = logging.getLogger("ws_tuner.server")
@@ -122,6 +125,10 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     # FastAPI's own __call__ (a special method is looked up on the type, not the instance).
     app.__class__ = _ServiceApp
     app.state.services = services
+    app.add_middleware(
+        SubmitFastPath, path=f"{API_PREFIX}/jobs", services=services, model=JobCreate, scope=JOBS_WRITE,
+        handle=functools.partial(create_job, services=services),
+    )  # fmt: skip
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     app.front = BestLookupFastPath(super(_ServiceApp, app).__call__, services, f"{API_PREFIX}/best", need_token=settings.reads_need_token)
     app.include_router(api_router(settings))

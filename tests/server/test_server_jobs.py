@@ -4,11 +4,13 @@ with one clear message and writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, Callable
 
 import httpx
+import pytest
 from svc_helpers import SHAPE, wait_for
 
 from ws_tuner.store.queue import JobQueue
@@ -158,12 +160,16 @@ BAD: list[tuple[str, Any, int, str]] = [
 ]
 
 
-def test_bad_input_is_a_clear_4xx_and_writes_nothing(db_url: str, live_server: Callable, make_token: Callable) -> None:
-    live = live_server(db_url, max_budget=1000)
+@pytest.mark.parametrize("auth_cache_ttl", [0.0, 60.0], ids=["routed", "fast-path"])
+def test_bad_input_is_a_clear_4xx_and_writes_nothing(db_url: str, live_server: Callable, make_token: Callable, auth_cache_ttl: float) -> None:
+    """Routed, and through the submission fast path (a token the cache knows): the same answers."""
+    live = live_server(db_url, max_budget=1000, auth_cache_ttl=auth_cache_ttl)
     token = make_token(db_url, "jobs:write", "kernels:upload")
     before = _counts(live)
     failures = []
     with live.client(token) as client:
+        assert client.post("/jobs/999999/cancel").status_code == 404  # the token checked (and remembered, with the cache on)
+        assert (live.services.known_principal(token) is not None) == (auth_cache_ttl > 0)
         for case, body, status, needle in BAD:
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             response = client.post("/jobs", content=content, headers={"content-type": "application/json"})
@@ -172,6 +178,76 @@ def test_bad_input_is_a_clear_4xx_and_writes_nothing(db_url: str, live_server: C
                 failures.append((case, response.status_code, response.text))
     assert not failures, failures
     assert _counts(live) == before  # nothing written by any of them
+
+
+def test_submission_fast_path(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    """A submission from a token the cache knows skips FastAPI's routing, dependencies and
+    validation (middleware.SubmitFastPath), and answers as the route does."""
+    live = live_server(db_url, auth_cache_ttl=60.0)
+    writer, reader = make_token(db_url, "jobs:write"), make_token(db_url, "read")
+    with live.client(writer) as client:
+        routed = client.post("/jobs", json=GOOD)  # the token's first check: through the route
+        assert routed.status_code == 201 and live.services.known_principal(writer) is not None
+        fast = client.post("/jobs", json={**GOOD, "seed": 7})
+        assert fast.status_code == 201 and fast.headers["content-type"] == "application/json"
+        first, second = routed.json(), fast.json()
+        assert second["id"] == first["id"] + 1 and second["seed"] == 7
+        assert {k: v for k, v in second.items() if k not in ("id", "seed", "created_at", "updated_at")} == \
+            {k: v for k, v in first.items() if k not in ("id", "seed", "created_at", "updated_at")}  # fmt: skip
+        assert client.get(f"/jobs/{second['id']}").json()["seed"] == 7
+        upload = client.post("/jobs", json={**GOOD, "kernel": "mine", "source": "x = 1\n", "problem": "M=64"})
+        assert upload.status_code == 403 and "kernels:upload" in upload.json()["detail"]  # raised inside the route's work
+    with live.client(reader) as client:
+        assert client.post("/jobs/999999/cancel").status_code == 403 and live.services.known_principal(reader) is not None
+        assert client.post("/jobs", json=GOOD).json() == {"detail": "this token lacks the 'jobs:write' scope"}
+
+    # The middleware itself: what it answers never reaches the app behind it; anything else does, body intact.
+    from ws_tuner.server.middleware import SubmitFastPath
+    from ws_tuner.server.schemas import JobCreate
+    from fastapi import HTTPException
+
+    passed: list[bytes] = []
+    handled: list[Any] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        body = b""
+        while (message := await receive()).get("more_body"):
+            body += message["body"]
+        passed.append(body + message["body"])
+
+    async def handle(body: Any, *, principal: Any) -> Any:
+        handled.append((body, principal.name))
+        if body.budget == 13:
+            raise HTTPException(422, "unlucky", headers={"X-Why": "13"})
+        from fastapi.responses import Response
+
+        return Response(b"{}", status_code=201, media_type="application/json")
+
+    async def call(body: bytes, token: str, content_type: bytes = b"application/json") -> list[dict]:
+        sent: list[dict] = []
+        messages = [{"type": "http.request", "body": body[:5], "more_body": True}, {"type": "http.request", "body": body[5:]}]
+
+        async def receive() -> dict:
+            return messages.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", f"Bearer {token}".encode()), (b"content-type", content_type)]
+        scope = {"type": "http", "method": "POST", "path": "/api/v1/jobs", "headers": headers}
+        fast_path = SubmitFastPath(app, path="/api/v1/jobs", services=live.services, model=JobCreate, scope="jobs:write", handle=handle)
+        await fast_path(scope, receive, send)
+        return sent
+
+    good = json.dumps(GOOD).encode()
+    assert asyncio.run(call(good, writer))[0]["status"] == 201 and passed == [] and handled[-1][1] == "test"
+    refused = asyncio.run(call(json.dumps({**GOOD, "budget": 13}).encode(), writer))
+    assert refused[0]["status"] == 422 and (b"x-why", b"13") in refused[0]["headers"]
+    assert json.loads(refused[1]["body"]) == {"detail": "unlucky"} and passed == []
+    for body, token, content_type in [(b'{"kernel": ', writer, b"application/json"), (json.dumps({**GOOD, "budget": "9"}).encode(), writer, b"application/json"),
+                                      (good, reader, b"application/json"), (good, "wst_forged", b"application/json"), (good, writer, b"text/plain")]:  # fmt: skip
+        assert asyncio.run(call(body, token, content_type)) == [] and passed[-1] == body
+    assert len(handled) == 2
 
 
 def test_oversized_bodies_get_413(db_url: str, live_server: Callable, make_token: Callable) -> None:

@@ -83,7 +83,8 @@ def _unprocessable(detail: str) -> HTTPException:
 async def create_job(body: JobCreate, services: ServicesDep, principal: JobsWriter) -> Response:
     """Submit a tuning job: a registered kernel by name, or an uploaded source (inline,
     needing the kernels:upload scope, or by sha256, under the name it was uploaded
-    with), a problem, a budget. The job belongs to the token that submits it."""
+    with), a problem, a budget. The job belongs to the token that submits it.
+    (Also called by the submission fast path, middleware.SubmitFastPath.)"""
     return await asyncio.get_running_loop().run_in_executor(services.submitter, _create_job, body, services, principal)
 
 
