@@ -1,6 +1,6 @@
 """Speed of the tuning service, measured with wrk against a real `ws-tune serve`.
 
-    python benchmarks/service_bench.py [--pg URL] [--connections 32] [--seconds 5] [--run NAME]
+    python benchmarks/service_bench.py [--pg URL] [--connections 32] [--seconds 5] [--run NAME] [--only ROW...] [--profile]
 
 wrk (C, one thread; installed here with apt-get when missing) drives each
 server on loopback, so the load generator is not the bottleneck. In the same
@@ -31,6 +31,7 @@ authenticated >= 2x with p99 <= 10 ms; submission >= 1,000/s; trial commits
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import datetime
 import json
 import os
@@ -204,6 +205,32 @@ def wrk(binary: str, url: str, *, seconds: float, connections: int, pid: int | N
     return report
 
 
+def profile(pid: int, seconds: float, raw: Path) -> subprocess.Popen:
+    """py-spy sampling the server's GIL holder (its CPU, not its waits) while a row runs."""
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # beside this interpreter in a venv
+    cmd = [spy, "record", "-p", str(pid), "-d", str(max(1, int(seconds) - 1)), "-r", "250", "--gil", "-f", "raw", "-o", str(raw)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarize_profile(raw: Path, out: Path, top: int = 60) -> None:
+    """Each frame's share of the samples, with its callees (inclusive) and alone (self)."""
+    inclusive: Counter[str] = Counter()
+    alone: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        total += n
+        inclusive.update({frame: n for frame in set(frames)})
+        alone[frames[-1]] += n
+    lines = [f"{total} samples (py-spy --gil)", "", "inclusive:"]
+    lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
+    lines += ["", "self:"] + [f"{100 * n / total:5.1f}%  {frame}" for frame, n in alone.most_common(top // 2)]
+    out.write_text("\n".join(lines) + "\n")
+    raw.unlink()
+
+
 def row(name: str, report: dict[str, Any], ceiling: float | None) -> Row:
     r = Row(name=name, rps=round(report["rps"], 1), p99_ms=round(report["p99_us"] / 1000, 2), ceiling_rps=ceiling,
             cpu_us_per_req=round(report["cpu_us_per_req"], 1) if report["cpu_us_per_req"] is not None else None,
@@ -358,6 +385,8 @@ def main() -> int:
     parser.add_argument("--run", default=f"service-{datetime.date.today().isoformat()}", help="results go to benchmarks/results/RUN/")
     parser.add_argument("--only", nargs="*", default=[], help="run only the rows whose names start so (the ceilings always run); "
                         "their rows replace those of the same names in the run's file")  # fmt: skip
+    parser.add_argument("--profile", action="store_true", help="also record the server with py-spy (--gil: where its CPU goes) "
+                        "during each measured row, to benchmarks/results/RUN/profile-ROW.txt (needs py-spy)")
     parser.add_argument("--ceiling", type=int, help=argparse.SUPPRESS)  # internal: serve the ceiling app on this port
     args = parser.parse_args()
     if args.ceiling:
@@ -377,6 +406,7 @@ def main() -> int:
     lite, lite_big = f"sqlite:///{tmp / 'bench.db'}", f"sqlite:///{tmp / 'big.db'}"
     rows: list[Row] = []
     servers: list[Server] = []
+    out_dir = ROOT / "benchmarks" / "results" / args.run
     measure = dict(seconds=args.seconds, connections=args.connections, script_dir=tmp)
 
     def want(*names: str) -> bool:
@@ -388,7 +418,11 @@ def main() -> int:
             return
         url = f"http://127.0.0.1:{server.port}{path}"
         wrk(binary, url, **{**measure, "seconds": 1.0}, pid=None, **kw)  # warm-up: connections, caches, JIT of the planner
+        spy = profile(server.proc.pid, args.seconds, out_dir / f"profile-{name}.raw") if args.profile else None
         rows.append(row(name, wrk(binary, url, **measure, pid=server.proc.pid, **kw), ceiling))
+        if spy is not None:
+            spy.wait(60)
+            summarize_profile(out_dir / f"profile-{name}.raw", out_dir / f"profile-{name}.txt")
 
     def start(server: Server) -> Server:
         servers.append(server)
@@ -463,7 +497,7 @@ def main() -> int:
         admin.dispose()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    out = ROOT / "benchmarks" / "results" / args.run / "service.json"
+    out = out_dir / "service.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     fresh = {r.name: asdict(r) for r in rows}
     kept = [r for r in json.loads(out.read_text()) if r["name"] not in fresh] if args.only and out.exists() else []

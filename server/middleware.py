@@ -8,6 +8,8 @@ import json
 import logging
 from typing import Any
 
+from starlette.exceptions import HTTPException
+
 from ..store import StoreError
 
 Scope = dict[str, Any]
@@ -150,11 +152,9 @@ class SubmitFastPath:
         await self.app(scope, receive, send)
 
     async def _answer(self, scope: Scope, receive: Any, send: Any, body: Any, principal: Any) -> None:
-        from fastapi import HTTPException  # the route's own refusals (422, 403, 503), answered as the app answers them
-
         try:
             response = await self.handle(body, principal=principal)
-        except HTTPException as exc:
+        except HTTPException as exc:  # the route's own refusals (422, 403, 503), answered as the app answers them
             await _send_error(send, exc.status_code, str(exc.detail), tuple((k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()))
             return
         except StoreError as exc:  # as the app's handler answers it (this path runs inside the app's handlers)

@@ -28,6 +28,7 @@ from ..store.registry import KernelRecord, Registry
 from ..store.repository import StoredBest
 from ..workload import untimed_note
 from . import kernels as kernel_files
+from .batching import Batched
 from .config import Settings
 from .schemas import BestPublic
 from .security import ADMIN, Principal, hash_token
@@ -146,6 +147,7 @@ class Services:
         # Submissions run here rather than in the 40 threads of the request pool: on few
         # cores the GIL passed among dozens of runnable threads cost more than the insert.
         self.submitter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ws-tune-submit")
+        self.new_jobs = Batched(self.queue.create_jobs, name="ws-tune-new-jobs")  # their INSERTs, together
         token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
         self._bootstrap_hash = hash_token(token) if token else None
         self._optuna: Any = None  # Optuna's storage, for the sweeper
@@ -169,6 +171,7 @@ class Services:
     def close(self) -> None:
         self._refresher.shutdown(wait=True, cancel_futures=True)
         self.submitter.shutdown(wait=True, cancel_futures=True)
+        self.new_jobs.close()
         self.checker.close()
         if self._optuna is not None:
             self._optuna.engine.dispose()

@@ -344,3 +344,49 @@ def test_a_job_is_measured_beside_an_anchor_and_ends_with_its_final_tournament(
     best = store.top_k(workload_id=done["workload_id"], k=1)[0]
     assert best.result.confirmed and best.candidate.hash in entrants
     assert done["best"]["candidate_hash"] == search[0].candidate.hash  # the job's best: its search's lowest ratio
+
+
+def test_submissions_together_share_one_insert(db_url: str, live_server: Callable, make_token: Callable) -> None:
+    """Concurrent submissions go out as multi-row INSERTs (server/batching.py): every
+    request gets its own job back, as stored, in fewer statements than requests."""
+    live = live_server(db_url, auth_cache_ttl=60.0)
+    token = make_token(db_url, "jobs:write")
+    batches: list[int] = []
+    create_jobs = live.services.new_jobs.fn
+    live.services.new_jobs.fn = lambda jobs: (batches.append(len(jobs)), create_jobs(jobs))[1]
+
+    async def submit_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=f"{live.url}/api/v1", headers={"Authorization": f"Bearer {token}"}) as client:
+            return await asyncio.gather(*(client.post("/jobs", json={**GOOD, "seed": seed}) for seed in range(120)))
+
+    responses = asyncio.run(submit_all())
+    assert [r.status_code for r in responses] == [201] * 120
+    jobs = [r.json() for r in responses]
+    assert [j["seed"] for j in jobs] == list(range(120)) and len({j["id"] for j in jobs}) == 120
+    for job in jobs:  # each answer is the row stored for it
+        stored = live.services.queue.get_job(job["id"])
+        assert stored is not None and stored.seed == job["seed"] and stored.created_by is not None
+    assert sum(batches) == 120 and len(batches) < 120, batches
+
+
+def test_a_failed_insert_fails_every_submission_of_its_batch() -> None:
+    from ws_tuner.server.batching import Batched
+
+    def insert(items: Any) -> list[int]:
+        if 13 in items:
+            raise RuntimeError("database down")
+        return [item * 2 for item in items]
+
+    batched = Batched(insert, name="test")
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(batched(i) for i in range(40)), return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        batched.close()
+    failed = [i for i, r in enumerate(results) if isinstance(r, RuntimeError)]
+    assert 13 in failed and all(results[i] == 2 * i for i in range(40) if i not in failed)
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(batched(1))

@@ -249,21 +249,21 @@ class Coalesced:
     def __init__(self, many: RawQuery, names: tuple[str, ...], *, in_flight: int = 2, max_batch: int = 256) -> None:
         self.many, self.names, self.in_flight, self.max_batch = many, names, in_flight, max_batch
         self._waiting: list[tuple[dict[str, Any], asyncio.Future[list[Row]]]] = []
-        self._out = 0  # statements out
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose calls are being batched
-        self._sent: set[asyncio.Task[list[Row]]] = set()  # the statements out (the loop keeps only weak references)
+        # The statements out, until their answers are delivered (the loop keeps only weak references to tasks).
+        self._sent: set[asyncio.Task[list[Row]]] = set()
 
     async def all(self, values: dict[str, Any]) -> list[Row]:
         """The rows ``values``' key would get alone (without the leading position)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            if self._waiting or self._out:  # another loop's batch is under way: this call goes alone
+            if self._waiting or self._sent:  # another loop's batch is under way: this call goes alone
                 return [row[1:] for row in await asyncio.to_thread(self.many.all, self._arrays([values]))]
             self._loop = loop
         answer: asyncio.Future[list[Row]] = loop.create_future()
         self._waiting.append((values, answer))
-        if not self._scheduled and self._out < self.in_flight:
+        if not self._scheduled and len(self._sent) < self.in_flight:
             # After the callbacks already due in this turn of the loop: the requests read
             # in the same turn join this statement.
             self._scheduled = True
@@ -272,19 +272,17 @@ class Coalesced:
 
     def _send(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
-        while self._waiting and self._out < self.in_flight:
+        while self._waiting and len(self._sent) < self.in_flight:
             batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-            self._out += 1
             sent = loop.create_task(self.many.all_on_loop(self._arrays([values for values, _ in batch])))
             self._sent.add(sent)
-            sent.add_done_callback(self._sent.discard)
             sent.add_done_callback(lambda done, batch=batch: self._deliver(loop, batch, done))
 
     def _arrays(self, keys: list[dict[str, Any]]) -> dict[str, list[Any]]:
         return {f"{name}_list": [values[name] for values in keys] for name in self.names}
 
     def _deliver(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Any, asyncio.Future[list[Row]]]], done: asyncio.Task[list[Row]]) -> None:
-        self._out -= 1
+        self._sent.discard(done)
         error = StoreError("the lookup was cancelled: the store is closing") if done.cancelled() else done.exception()
         answers: list[list[Row]] = [[] for _ in batch]
         if error is None:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, false, func, insert, or_, select, true, update
@@ -20,7 +21,7 @@ from ..candidate import canonical_json
 from ..result import Status
 from .engine import utc
 from .models import JobModel, JobTrialModel, KernelModel, WorkerModel
-from .records import JobRecord, job_record
+from .records import JobRecord, NewJob, job_record
 from .repository import OnStore
 
 # Job states.
@@ -72,7 +73,7 @@ _INSERT_JOB = (
         **{name: bindparam(name) for name in ("kernel_id", "kernel", "problem", "problem_checked", "params", "strategy",
                                               "seed", "budget", "time_budget", "baselines", "device", "created_by")},
     )
-    .returning(_jobs.c.id, _jobs.c.created_at, _jobs.c.updated_at)
+    .returning(_jobs.c.id, _jobs.c.created_at, _jobs.c.updated_at, sort_by_parameter_order=True)
 )  # fmt: skip
 
 
@@ -130,39 +131,32 @@ def _cancel_queued_slots(session: Session, job_id: int, now: Any) -> None:
 class Jobs(OnStore):
     """Jobs: created, listed, claimed, cancelled, failed and completed."""
 
-    def create_job(
-        self,
-        *,
-        kernel_id: int,
-        kernel: str,
-        problem: dict[str, Any],
-        problem_checked: bool,
-        params: str | None,
-        strategy: str,
-        seed: int,
-        budget: int,
-        time_budget: float | None = None,
-        baselines: bool = False,
-        device: str | None = None,
-        created_by: int | None = None,
-        kernel_sha256: str | None = None,
-    ) -> JobRecord:
-        values = dict(
-            kernel_id=kernel_id, kernel=kernel, problem=canonical_json(problem), problem_checked=problem_checked,
-            params=params, strategy=strategy, seed=seed, budget=budget, time_budget=time_budget, baselines=baselines,
-            device=device, created_by=created_by,
-        )  # fmt: skip
-        # One Core statement built once (no ORM session or object), atomic by itself (no
-        # transaction around it): INSERT ... RETURNING hands back what the database stamps;
-        # the kernel's sha256 is the caller's when it knows it.
+    def create_job(self, **job: Any) -> JobRecord:
+        """One job (the fields of ``NewJob``)."""
+        return self.create_jobs([NewJob(**job)])[0]
+
+    def create_jobs(self, jobs: Sequence[NewJob]) -> list[JobRecord]:
+        """Queued jobs, in order, made by one statement: a multi-row INSERT ... RETURNING
+        (SQLAlchemy's insertmanyvalues, rows matched to their jobs by order), atomic by
+        itself, so many submissions share one round trip and one commit."""
+        rows = [
+            dict(kernel_id=j.kernel_id, kernel=j.kernel, problem=canonical_json(j.problem), problem_checked=j.problem_checked,
+                 params=j.params, strategy=j.strategy, seed=j.seed, budget=j.budget, time_budget=j.time_budget,
+                 baselines=j.baselines, device=j.device, created_by=j.created_by)
+            for j in jobs
+        ]  # fmt: skip
+        unknown = {j.kernel_id for j in jobs if j.kernel_sha256 is None}
         with self.store.statement() as connection:
-            stamped = connection.execute(_INSERT_JOB, values).one()
-            sha = kernel_sha256 or connection.scalar(select(KernelModel.sha256).where(KernelModel.id == kernel_id))
-        return JobRecord(
-            id=stamped.id, state=QUEUED, kernel_sha256=sha, **{**values, "problem": json.loads(values["problem"])},
-            workload_id=None, slots_claimed=0, exhausted=False, error=None, created_at=utc(stamped.created_at),
-            updated_at=utc(stamped.updated_at), started_at=None, finished_at=None,
-        )  # fmt: skip
+            stamped = connection.execute(_INSERT_JOB, rows).all()
+            shas = dict(connection.execute(select(KernelModel.id, KernelModel.sha256).where(KernelModel.id.in_(unknown))).all()) if unknown else {}
+        return [
+            JobRecord(
+                id=s.id, state=QUEUED, kernel_sha256=j.kernel_sha256 or shas[j.kernel_id], **{**row, "problem": json.loads(row["problem"])},
+                workload_id=None, slots_claimed=0, exhausted=False, error=None, created_at=utc(s.created_at),
+                updated_at=utc(s.updated_at), started_at=None, finished_at=None,
+            )
+            for j, row, s in zip(jobs, rows, stamped, strict=True)
+        ]  # fmt: skip
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self.store.session_scope(read_only=True) as session:

@@ -14,7 +14,7 @@ from .jobs import (
     SUCCEEDED, TERMINAL_SLOT_STATES, WARM, JobConflict, JobNotFound, Jobs,
 )  # fmt: skip
 from .leases import ASSIGNED, DUPLICATE, LOST, Leases
-from .records import JobRecord, JobTrialRecord, SlotLease, WorkerRecord
+from .records import JobRecord, JobTrialRecord, NewJob, SlotLease, WorkerRecord
 from .repository import Store
 from .sampler import optuna_storage, study_name
 from .sweeper import Sweeper, SweepReport
@@ -23,7 +23,7 @@ from .workers import W_DRAINING, W_LOST, W_RUNNING, W_STOPPED, Workers
 __all__ = [
     "ASSIGNED", "BASELINE", "CANCELLED", "DONE", "DUPLICATE", "FAILED", "FINAL_JOB_STATES", "JOB_STATES", "LOST",
     "QUEUED", "RUNNING", "SEARCH", "SLOT_STATES", "SUCCEEDED", "TERMINAL_SLOT_STATES", "WARM", "W_DRAINING",
-    "W_LOST", "W_RUNNING", "W_STOPPED", "JobConflict", "JobNotFound", "JobQueue", "JobRecord", "JobTrialRecord",
+    "W_LOST", "W_RUNNING", "W_STOPPED", "JobConflict", "JobNotFound", "JobQueue", "JobRecord", "JobTrialRecord", "NewJob",
     "SlotLease", "SweepReport", "WorkerRecord", "optuna_storage", "study_name",
 ]  # fmt: skip
 

@@ -85,6 +85,25 @@ def workload_key(row: WorkloadModel) -> WorkloadKey:
 
 
 @dataclass(frozen=True)
+class NewJob:
+    """A job to create (``Jobs.create_jobs``); ``kernel_sha256`` is looked up when not given."""
+
+    kernel_id: int
+    kernel: str
+    problem: dict[str, Any]
+    problem_checked: bool
+    params: str | None
+    strategy: str
+    seed: int
+    budget: int
+    time_budget: float | None = None
+    baselines: bool = False
+    device: str | None = None
+    created_by: int | None = None
+    kernel_sha256: str | None = None
+
+
+@dataclass(frozen=True)
 class JobRecord:
     id: int
     state: str

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from ....store import StoredTrial
-from ....store.queue import FAILED, JobConflict, JobNotFound, JobRecord, JobTrialRecord
+from ....store.queue import FAILED, JobConflict, JobNotFound, JobRecord, JobTrialRecord, NewJob
 from ... import kernels as kernel_files
 from ...deps import JobsWriter, ServicesDep, check_upload
 from ...schemas import (
@@ -85,10 +85,17 @@ async def create_job(body: JobCreate, services: ServicesDep, principal: JobsWrit
     needing the kernels:upload scope, or by sha256, under the name it was uploaded
     with), a problem, a budget. The job belongs to the token that submits it.
     (Also called by the submission fast path, middleware.SubmitFastPath.)"""
-    return await asyncio.get_running_loop().run_in_executor(services.submitter, _create_job, body, services, principal)
+    new = await asyncio.get_running_loop().run_in_executor(services.submitter, _checked_job, body, services, principal)
+    job = await services.new_jobs(new)  # with the submissions that arrive meanwhile: one INSERT, one commit
+    # Built from the record just written, so already valid: serialized once, without
+    # FastAPI validating the model a second time against response_model (the hot path
+    # of submission; response_model still documents it).
+    return Response(job_public(job).model_dump_json(), status_code=status.HTTP_201_CREATED, media_type="application/json")
 
 
-def _create_job(body: JobCreate, services: Services, principal: Principal) -> Response:
+def _checked_job(body: JobCreate, services: Services, principal: Principal) -> NewJob:
+    """The job the request asks for, every check passed (an uploaded source stored),
+    or an HTTPException."""
     settings = services.settings
     if body.budget > settings.max_budget:
         raise _unprocessable(f"budget {body.budget} exceeds this server's limit of {settings.max_budget}")
@@ -125,15 +132,11 @@ def _create_job(body: JobCreate, services: Services, principal: Principal) -> Re
     else:
         record = registered
     assert record is not None
-    job = services.queue.create_job(
+    return NewJob(
         kernel_id=record.id, kernel=body.kernel, problem=problem, problem_checked=checked, params=params,
         strategy=body.strategy, seed=body.seed, budget=body.budget, time_budget=body.time_budget,
         baselines=body.baselines, device=body.device, created_by=principal.token_id, kernel_sha256=record.sha256,
     )  # fmt: skip
-    # Built from the record just written, so already valid: serialized once, without
-    # FastAPI validating the model a second time against response_model (the hot path
-    # of submission; response_model still documents it).
-    return Response(job_public(job).model_dump_json(), status_code=status.HTTP_201_CREATED, media_type="application/json")
 
 
 @router.get("", response_model=JobsPublic, responses=errors(*READ_ERRORS))
