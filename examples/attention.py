@@ -29,6 +29,29 @@ Kernel-side variants (PARAMS):
   a tile of the others' (dealing the same way every round leaves the block
   that draws the longest tiles 8-12% behind at B=4, H=16), while the blocks
   at work at one time share a few heads' K and V in L2.
+- ``q_buffers`` (persistent only): the seed's Q pipeline depth. With 2 the
+  producer loads the next tile's Q (and then K and V) while the consumers
+  still work on this one. In the async form the loop's last step frees its V
+  stage right after issuing the last P V product, so the P V op then retires
+  that product itself (a wait guarded on the last block, at V's stage; under
+  causal masking the extent depends on the tile, so the guard stays a test
+  on every step) before the stage is freed; with one
+  Q buffer (freed after the drain) the producer cannot get there first, and
+  that op is left as it was. (H200 run 11: no faster, alone or with store.)
+- ``exp``: "exp2" is exp2f, which tilelang compiles without --use_fast_math
+  to ex2.approx.f32: ptxas wraps its MUFU.EX2 in a range test and two
+  predicated multiplies, for denormal results. "ftz" is ex2.approx.ftz.f32
+  (inline PTX, as exp2f is under --use_fast_math): the MUFU.EX2 alone,
+  where the softmax's instruction issue is what the consumers wait on;
+  probabilities below 2^-126 become 0. The plain program differs in this
+  one function, so tilelang's own lowerings are built at both values.
+  (H200 run 11: 0-3% faster; every winner used it.)
+- ``store`` (persistent only): "consumer" is the consumers writing O through
+  shared memory with a TMA store, and waiting for it, before the next tile;
+  "role" splits that into registers -> shared on the consumers and the TMA
+  store in a warp of its own ("Storer", beside the producer warp), over a
+  pipeline of O, so that the consumers go straight on to the next tile.
+  (H200 run 11: 2-4% slower than "consumer" with one Q buffer.)
 - ``consumers``: "cooperative" is one consumer role of block_M / 64
   warpgroups sharing each K/V tile; "pingpong" is two consumer roles of one
   warpgroup, each with its own block_M / 2 rows, its own Q/K/V buffers and
@@ -55,6 +78,9 @@ PARAMS = {
     "mma": ["sync", "async"],
     "consumers": ["cooperative", "pingpong"],
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
+    "q_buffers": [1, 2],  # persistent: the seed's Q pipeline depth (2: the next tile's Q loads under this one)
+    "store": ["consumer", "role"],  # persistent: who writes O to global memory (see the module docstring)
+    "exp": ["exp2", "ftz"],  # the softmax's exponential: exp2f, or ex2.approx.ftz (one MUFU.EX2, no denormal path)
 }
 # Async waits and ping-pong turns are right only in the seed's order (tilelang's
 # own lowerings of them deadlock or fail to build): baselines use the rest. The
@@ -75,6 +101,15 @@ LOG2E = 1.4426950408889634
 # examples/gemm.py; a grid size, not a device query, so that kernels build the
 # same on a machine without a GPU. The kernel is correct for any count.
 PERSISTENT_BLOCKS = 132
+# exp="ftz": the exponential as the one PTX instruction exp2f becomes under --use_fast_math.
+EX2_FTZ = "ws_tune_ex2_ftz"
+EX2_FTZ_SOURCE = f"""
+__device__ __forceinline__ float {EX2_FTZ}(float x) {{
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}}
+"""
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the fragments (indices, descriptors, row state)
 
 
@@ -93,7 +128,11 @@ def check(problem, params, schedule):
         return f"a consumer role's {rows} rows are not whole warpgroup MMAs of {ROWS_PER_WARPGROUP}"
     itemsize = 2
     copies = 2 if pingpong else 1  # ping-pong duplicates every buffer
-    smem = copies * itemsize * D * (rows + 2 * bn * params["stages"] + rows)  # Q, K, V, O
+    q_buffers = params.get("q_buffers", 1)
+    store_role = params.get("store", "consumer") == "role"
+    if not params.get("persistent") and (q_buffers > 1 or store_role):
+        return "q_buffers > 1 and store=role only serve a persistent kernel (one tile per block has nothing to overlap)"
+    smem = copies * itemsize * D * (q_buffers * rows + 2 * bn * params["stages"] + rows)  # Q, K, V, O
     if smem > SMEM_LIMIT:
         return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
     if schedule is not None:
@@ -110,8 +149,17 @@ def check(problem, params, schedule):
             # V into that stage first; with two the producer runs ahead and does (run 10
             # measured 14x the error: 4e-3 against 3e-4, under the tolerance).
             q_depth = max((pipe.depth for pipe in schedule.pipelines if f"Q_{p}" in pipe.buffers), default=1)
-            if params.get("persistent") and params["mma"] == "async" and q_depth > 1:
-                return f"a persistent async kernel needs Q_{p} in one buffer, not {q_depth}: the next tile's V would overwrite a stage the last P V product still reads"
+            # q_buffers=2 has the P V op retire the last product itself, before its stage is freed.
+            if params.get("persistent") and params["mma"] == "async" and q_depth > 1 and q_buffers < 2:
+                return f"a persistent async kernel needs Q_{p} in one buffer, not {q_depth} (or q_buffers=2): the next tile's V would overwrite a stage the last P V product still reads"
+        if store_role:
+            # stage_out reads this tile's O accumulator, which the next tile's init clears:
+            # its span of the O pipeline must be at Q's stage, in the same tile.
+            tile_stages = {i.pipeline: i.stage for s in schedule.scopes if s.id == "loop_tiles" for r, body in s.bodies
+                           if r in _consumer_roles(params) for i in body if hasattr(i, "pipeline")}  # fmt: skip
+            for p in range(len(_consumer_roles(params))):
+                if tile_stages.get(f"o{p}", 0) != tile_stages.get(f"q{p}", 0):
+                    return f"stage_out{p} must stay in its own tile: o{p} at stage {tile_stages.get(f'o{p}', 0)}, q{p} at {tile_stages.get(f'q{p}', 0)}"
         consumers = [r for r in schedule.roles if r.name in _consumer_roles(params)]
         if len(consumers) != len(_consumer_roles(params)):
             return "the schedule lacks the kernel's consumer roles"
@@ -142,7 +190,7 @@ class Part:
             setattr(self, name, buf)
 
 
-def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=False):
+def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=False, q_buffers=1, store="consumer", exp="exp2"):
     B, H, S, D = problem["B"], problem["H"], problem["S"], problem["D"]
     dtype, accum = problem["dtype"], "float32"
     causal = bool(problem["causal"])
@@ -150,7 +198,11 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
     pingpong = consumers == "pingpong"
     rows = block_M // 2 if pingpong else block_M  # query rows of one consumer role
     consumer_warps = block_M // 16
+    ftz = exp == "ftz"
     scale = LOG2E / math.sqrt(D)
+
+    def exponential(x):
+        return T.call_extern("float32", EX2_FTZ, x) if ftz else T.exp2(x)
     shape = (B, S, H, D)
     # Tails: TMA zero-fills the rows a load reads past S and drops those a store
     # writes there; keys past S are masked (causal masks them anyway).
@@ -159,6 +211,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
     key_tail = S % block_N and not causal
     roles = _consumer_roles({"consumers": consumers})
     gemm = T.wgmma_gemm if asynchronous else T.gemm
+    retire_last = asynchronous and persistent and q_buffers > 1  # the P V op retires the last block's product
+    store_role = store == "role"
 
     # Index expressions are Python helpers, not bindings in the kernel: a
     # binding would be a statement of its own, to be placed in every role.
@@ -175,7 +229,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
         A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
         loop_bodies, root_bodies = {}, {}
-        producer_loop, producer_root = [], []
+        producer_loop, producer_root, storer_root = [], [], []
         for p, role in enumerate(roles):
             k, v, q = f"k{p}", f"v{p}", f"q{p}"  # this consumer's pipelines
 
@@ -197,20 +251,32 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             # Q is freed after the drain: a persistent producer loads the next
             # tile's K and V only once it holds Q again, so the last P V product
             # (whose V stage the loop's last step has released) is retired first.
-            root_bodies[role] = [W(q, 0), *ops("init"), *start, "loop_k", *drain, R(q, 0), *ops("store")]
+            if store_role:  # registers -> shared here, the TMA store in the Storer warp
+                o = f"o{p}"
+                epilogue_ops = [A(o, 0), *ops("stage_out"), C(o, 0)]
+                storer_root += [W(o, 0), *ops("store_out"), R(o, 0)]
+            else:
+                epilogue_ops = ops("store")
+            root_bodies[role] = [W(q, 0), *ops("init"), *start, "loop_k", *drain, R(q, 0), *epilogue_ops]
             producer_root += [A(q, 0), *ops("load_q"), C(q, 0)]
             producer_loop += [A(k, 0), *ops("load_k"), C(k, 0), A(v, 0), *ops("load_v"), C(v, 0)]
         loop_bodies["Producer"] = producer_loop
         root_bodies["Producer"] = producer_root + ["loop_k"]
+        if store_role:
+            root_bodies["Storer"] = storer_root
         warps = consumer_warps // len(roles)
         nreg = 240 if consumer_warps <= 8 else 160  # the 64K-register pool, shared with the producer's warpgroup
         ws_roles = [T.WSRole(role, warps_lo=p * warps, warps_hi=(p + 1) * warps, max_nreg=nreg) for p, role in enumerate(roles)]
         ws_roles.append(T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=24))
+        if store_role:  # the producer's warpgroup, so the same register budget
+            ws_roles.append(T.WSRole("Storer", warps_lo=consumer_warps + 1, warps_hi=consumer_warps + 2, max_nreg=24))
         pipelines = []
         for part in parts:
             p = part.index
-            pipelines += [T.WSPipeline(f"q{p}", [part.Q], depth=1), T.WSPipeline(f"k{p}", [part.K], depth=stages),
+            pipelines += [T.WSPipeline(f"q{p}", [part.Q], depth=q_buffers), T.WSPipeline(f"k{p}", [part.K], depth=stages),
                           T.WSPipeline(f"v{p}", [part.V], depth=stages)]  # fmt: skip
+            if store_role:
+                pipelines.append(T.WSPipeline(f"o{p}", [part.O], depth=1))
         scopes = [T.WSScope("loop_k", loop_bodies)]
         if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
             tile_bodies = {role: ["tile", *body, "next"] for role, body in root_bodies.items()}
@@ -283,9 +349,9 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             T.copy(part.m, part.m_prev)
             T.reduce_max(part.S, part.m, dim=1, clear=False)
             for i in T.Parallel(rows):
-                part.alpha[i] = T.exp2(part.m_prev[i] * scale - part.m[i] * scale)
+                part.alpha[i] = exponential(part.m_prev[i] * scale - part.m[i] * scale)
             for i, j in T.Parallel(rows, block_N):
-                part.S[i, j] = T.exp2(part.S[i, j] * scale - part.m[i] * scale)
+                part.S[i, j] = exponential(part.S[i, j] * scale - part.m[i] * scale)
             T.reduce_sum(part.S, part.row_sum, dim=1)
             for i in T.Parallel(rows):
                 part.l[i] = part.l[i] * part.alpha[i] + part.row_sum[i]
@@ -296,7 +362,15 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             for i, j in T.Parallel(rows, D):
                 part.acc[i, j] *= part.alpha[i]
             T.copy(part.S, part.P)
-        gemm(part.P, part.V, part.acc, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"pv{p}"})
+        if retire_last:
+            # One op at V's stage: the last block's product is retired before the
+            # schedule frees its V stage, which the producer may refill at once.
+            with T.ws_op(f"pv{p}"):
+                gemm(part.P, part.V, part.acc, policy=T.GemmWarpPolicy.FullRow)
+                if k == loop_extent(bx) - 1:
+                    T.wait_wgmma(0)
+        else:
+            gemm(part.P, part.V, part.acc, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"pv{p}"})
 
     @T.macro
     def epilogue(Output, part, bx, by, bz):
@@ -307,11 +381,18 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             # persistent, nothing before Q is freed, after this wait: check()).
             with T.ws_op(f"drain{p}"):
                 T.wait_wgmma(0)
-        with T.ws_op(f"store{p}"):
-            for i, j in T.Parallel(rows, D):
-                part.acc[i, j] /= part.l[i]
-            T.copy(part.acc, part.O)
-            T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
+        if store_role:  # two ops: the TMA store runs in the Storer warp
+            with T.ws_op(f"stage_out{p}"):
+                for i, j in T.Parallel(rows, D):
+                    part.acc[i, j] /= part.l[i]
+                T.copy(part.acc, part.O)
+            T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :], annotations={T.WSID: f"store_out{p}"})
+        else:
+            with T.ws_op(f"store{p}"):
+                for i, j in T.Parallel(rows, D):
+                    part.acc[i, j] /= part.l[i]
+                T.copy(part.acc, part.O)
+                T.copy(part.O, Output[bz, block_row(bx, p) : block_row(bx, p) + rows, by, :])
 
     @T.macro
     def tile(Q, K, V, Output, parts, bx, by, bz):
@@ -344,6 +425,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             if pingpong:
                 Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
+            if ftz:
+                T.import_source(EX2_FTZ_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             tile(Q, K, V, Output, parts, bx, by, bz)
 
@@ -369,6 +452,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
                 Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1 = alloc()
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1))
             round_ = T.alloc_var("int32")
+            if ftz:
+                T.import_source(EX2_FTZ_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             with T.ws_op("first"):
                 round_ = 0

@@ -86,9 +86,11 @@ def test_every_allowed_attention_variant_verifies(attention, changes):
     seen = set()
     for params, func, seed in allowed_variants(attention, problem):
         verify(func, seed)
-        seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"]))
+        seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"]))
     assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (False, True)))
-    assert {b for *_, b in seen} == {64, 128, 192}  # one to three consumer warpgroups
+    assert {v[3] for v in seen} == {64, 128, 192}  # one to three consumer warpgroups
+    # A second Q buffer and the Storer warp: persistent only, with every mma and consumer form.
+    assert {v[:3] for v in seen if v[4:] == (2, "role")} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (True,)))
 
 
 def test_every_allowed_gemm_async_variant_verifies(gemm):
@@ -110,6 +112,11 @@ def test_every_allowed_gemm_async_variant_verifies(gemm):
         ({}, {"consumers": "pingpong", "block_M": 192}, "whole warpgroup"),
         ({}, {"consumers": "pingpong", "stages": 2}, "shared memory"),
         ({"D": 64}, {}, None),
+        ({}, {"q_buffers": 2}, "only serve a persistent kernel"),
+        ({}, {"store": "role"}, "only serve a persistent kernel"),
+        ({}, {"persistent": True, "q_buffers": 2, "store": "role"}, None),
+        # Q 3 x 32 KB + K, V 2 x 2 x 32 KB + O 32 KB at D=128 with block_M=192 (48 KB tiles): over the SM.
+        ({}, {"persistent": True, "q_buffers": 2, "block_M": 192}, "shared memory"),
     ],
 )
 def test_attention_check_refuses_what_cannot_work(attention, problem, params, needle):
@@ -144,8 +151,9 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert "share a pipeline" in attention.check(ATTN_PROBLEM, params, merged)
     # Persistent async: a second Q buffer lets the producer load the next tile's V into
     # the stage the last P V product still reads (the sync form retires it first).
-    for mma, refused in (("async", True), ("sync", False)):
-        params = {**ATTN_PARAMS, "persistent": True, "mma": mma}
+    # q_buffers=2 has the P V op retire the last product before the stage is freed: allowed.
+    for mma, q_buffers, refused in (("async", 1, True), ("sync", 1, False), ("async", 2, False)):
+        params = {**ATTN_PARAMS, "persistent": True, "mma": mma, "q_buffers": q_buffers}
         seed = Task.make(attention, ATTN_PROBLEM).point_info(params).seed
         assert attention.check(ATTN_PROBLEM, params, seed) is None
         double_q = seed.with_(pipelines=tuple(Pipeline(p.name, p.buffers, 2) if p.name == "q0" else p for p in seed.pipelines))
@@ -220,6 +228,8 @@ REPRESENTATIVE = [
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1, "dtype": "bfloat16"}, {**ATTN_PARAMS, "block_N": 64, "mma": "sync", "consumers": "pingpong"}),
     # Persistent, causal: the tile loop with a per-tile K/V extent, the async drain before Q is freed.
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True}),
+    # The same with two Q buffers, the O store in the Storer warp and the inline-PTX exponential.
+    (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True, "q_buffers": 2, "store": "role", "exp": "ftz"}),
     (GEMM, GEMM_PROBLEM, {**GEMM_PARAMS, "mma": "async", "persistent": True, "epilogue": "smem"}),
 ]
 
@@ -327,3 +337,63 @@ def test_examples_check_plans_each_variant_and_its_baselines(monkeypatch):
         else:
             assert {(r.params["mma"], r.params["persistent"]) for r in variants} == set(itertools.product(("sync", "async"), (False, True)))
             assert [r.label for r in group if r.kind == "vendor"] == ["cublas"]
+
+
+# --- persistent attention: the next tile's Q under this one, O stored by a warp of its own
+
+
+def test_attention_store_role_seed_hands_o_to_the_storer(attention):
+    params = {**ATTN_PARAMS, "persistent": True, "store": "role", "consumers": "pingpong", "stages": 1, "block_N": 64}
+    problem = {**ATTN_PROBLEM, "D": 64}
+    seed = Task.make(attention, problem).point_info(params).seed
+    assert attention.check(problem, params, seed) is None
+    roles = {r.name: r for r in seed.roles}
+    assert roles["Storer"].warps == 1 and roles["Storer"].max_nreg == roles["Producer"].max_nreg  # one warpgroup, one budget
+    for p in (0, 1):
+        assert seed.producer_of(f"o{p}") == f"Consumer{p}" and seed.consumer_of(f"o{p}") == "Storer"
+        assert {role for s in seed.scopes for role, body in s.bodies if f"store_out{p}" in body} == {"Storer"}
+        assert {role for s in seed.scopes for role, body in s.bodies if f"stage_out{p}" in body} == {f"Consumer{p}"}
+    # stage_out one tile late would read an accumulator the next tile's init has cleared.
+    def late(i):
+        return Sync(i.kind, i.pipeline, 1) if isinstance(i, Sync) and i.pipeline == "o0" and i.is_producer else i
+
+    late_o = seed.with_(scopes=tuple(Scope(s.id, tuple((r, tuple(map(late, b))) for r, b in s.bodies)) for s in seed.scopes))
+    assert "stage_out0 must stay in its own tile" in attention.check(problem, params, late_o)
+    plain = Task.make(attention, problem).point_info({**params, "store": "consumer"}).seed
+    assert "Storer" not in {r.name for r in plain.roles} and not any(p.name.startswith("o") for p in plain.pipelines)
+
+
+def _last_v_release(source: str) -> tuple[str, str]:
+    """In the consumer's code after its K/V loop: the wgmma wait before the last
+    release of V's stage, and what comes between that wait and the release."""
+    release = [m.start() for m in re.finditer(r"v0_empty\[.*?\]\.arrive\(\)", source)][-1]  # the consumer's side
+    wait = source.rindex("tl::wait_wgmma<", 0, release)
+    issue = source.rindex("tl::warpgroup_arrive()", 0, release)
+    return source[wait : source.index(">", wait) + 1] if wait > issue else "", source[issue:release]
+
+
+@pytest.mark.parametrize("q_buffers", [1, 2])
+def test_persistent_async_attention_frees_the_last_v_stage_after_its_product(attention, q_buffers, tmp_path):
+    """With two Q buffers the producer may refill the last V stage as soon as it is
+    freed: the P V product reading it must be retired (wait<0>) first. With one, the
+    seed frees it right after the issue, and check() keeps Q single-buffered."""
+    problem = {**ATTN_PROBLEM, "D": 64, "causal": 1}
+    params = {**ATTN_PARAMS, "persistent": True, "q_buffers": q_buffers}
+    task = Task.make(attention, problem)
+    func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
+    wait, _ = _last_v_release(compiler.compile_kernel(func).get_kernel_source())
+    assert wait == ("tl::wait_wgmma<0>" if q_buffers == 2 else "")
+
+
+@pytest.mark.parametrize("exp", ["exp2", "ftz"])
+def test_attention_ftz_exponential_is_the_bare_ex2(attention, exp, tmp_path):
+    """exp="ftz": every softmax exponential is ex2.approx.ftz.f32 (what exp2f becomes
+    under --use_fast_math); exp2f without it is ex2.approx.f32, which ptxas wraps in a
+    denormal path."""
+    params = {**ATTN_PARAMS, "persistent": True, "exp": exp, "mma": "sync"}
+    task = Task.make(attention, {**ATTN_PROBLEM, "D": 64})
+    func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
+    source = compiler.compile_kernel(func).get_kernel_source()
+    calls = re.findall(r"\b(exp2f|__expf|ws_tune_ex2_ftz)\(", source)
+    assert calls and set(calls) == ({"ws_tune_ex2_ftz"} if exp == "ftz" else {"exp2f"})
+    assert ("ex2.approx.ftz.f32" in source) == (exp == "ftz")
