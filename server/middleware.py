@@ -157,7 +157,7 @@ class SubmitFastPath:
         except HTTPException as exc:  # the route's own refusals (422, 403, 503), answered as the app answers them
             await _send_error(send, exc.status_code, str(exc.detail), tuple((k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()))
             return
-        except StoreError as exc:  # as the app's handler answers it (this path runs inside the app's handlers)
+        except StoreError as exc:  # as the app's handler answers it (this path runs outside the app's exception handlers)
             _log.warning("POST %s: %s", self.path, exc)
             await _send_error(send, 503, "database unavailable; try again", ((b"retry-after", b"5"),))
             return

@@ -113,29 +113,49 @@ class DeadlockModel:
     count (the events do not change), more depth never blocks what less did
     not, so a depth vector one step above a deadlock-free one is free without
     a run; vectors come in increasing order (itertools.product), so that step
-    below is usually known."""
+    below is usually known.
+
+    A space of many kernel-parameter points asks about millions of (events,
+    depths) pairs, and a verdict is used again across its points (kept only
+    recent ones, a count ran 15x slower): each is one int key (the events' id and
+    the depths packed, 5 bits each) to a shared empty tuple or a short one, ~70
+    bytes where a tuple key and a list took ~300 (a count of examples/attention.py
+    reached 17 GB). Past ``max_verdicts`` the oldest go first."""
+
+    max_verdicts = 16_000_000  # ~2 GB
 
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
-        self._verdicts: dict[tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, int]]]] = {}
+        self._verdicts: dict[int, tuple[tuple[int, tuple[int, int]], ...]] = {}
 
     def intern(self, events: tuple[tuple[tuple[int, int], ...], ...]) -> int:
         return self._ids.setdefault(events, len(self._ids))
 
-    def blocked(self, key: int, events: tuple[tuple[tuple[int, int], ...], ...], depth: tuple[int, ...]) -> list[tuple[int, tuple[int, int]]]:
-        found = self._verdicts.get((key, depth))
+    def blocked(self, key: int, events: tuple[tuple[tuple[int, int], ...], ...], depth: tuple[int, ...]) -> tuple[tuple[int, tuple[int, int]], ...]:
+        """The roles that block (each at its next event), or () if none does."""
+        if len(depth) > _PACKED_DEPTHS or max(depth, default=0) >> _DEPTH_BITS:
+            return tuple(simulate(events, list(depth)))  # beyond what a key packs: not remembered
+        packed = key << _DEPTH_BITS * _PACKED_DEPTHS
+        for i, d in enumerate(depth):
+            packed |= d << _DEPTH_BITS * i
+        found = self._verdicts.get(packed)
         if found is not None:
             return found
         trips = max(2, max(depth, default=0) + 1)
         for i, d in enumerate(depth):
             lower = depth[:i] + (d - 1,) + depth[i + 1 :]
-            if d > 1 and max(2, max(lower) + 1) == trips and self._verdicts.get((key, lower)) == []:
-                found = []
+            if d > 1 and max(2, max(lower) + 1) == trips and self._verdicts.get(packed - (1 << _DEPTH_BITS * i)) == ():
+                found = ()
                 break
         else:
-            found = simulate(events, list(depth))
-        self._verdicts[(key, depth)] = found
+            found = tuple(simulate(events, list(depth))) or ()
+        if len(self._verdicts) >= self.max_verdicts:
+            del self._verdicts[next(iter(self._verdicts))]  # dicts keep insertion order: the oldest
+        self._verdicts[packed] = found
         return found
+
+
+_DEPTH_BITS, _PACKED_DEPTHS = 5, 12  # a packed key holds up to 12 pipelines' depths, each below 32
 
 
 @dataclass(frozen=True)

@@ -508,3 +508,28 @@ def test_the_epilogue_role_waits_for_its_store_before_freeing_the_buffer(gemm_fu
     assert "fence_proxy_async" in source[at(r"C_shared_empty\[[^;]*\]\.wait\(") : handed_over]
     taken = at(r"C_shared_full\[[^;]*\]\.wait\(")
     assert taken < at(r"tma_store\(", taken) < at(r"tma_store_wait", taken) < at(r"C_shared_empty\[[^;]*\]\.arrive\(\)", taken)
+
+
+def test_the_deadlock_model_remembers_exactly_what_it_simulates() -> None:
+    """DeadlockModel packs (events, depths) into one int key: its verdicts equal a fresh
+    simulation for every depth vector, across event sets, and beyond what a key packs."""
+    import itertools
+    import random
+
+    from ws_tuner.order import DeadlockModel, simulate
+
+    wait, acquire, commit, release = 0, 1, 2, 3
+    rng = random.Random(7)
+    model = DeadlockModel()
+    for _ in range(40):
+        pipes = rng.choice([1, 2, 3, 13])
+        # A producer acquires and commits, a consumer waits and releases, in a shuffled order of pipelines.
+        producer = tuple(e for p in rng.sample(range(pipes), pipes) for e in ((acquire, p), (commit, p)))
+        consumer = tuple(e for p in rng.sample(range(pipes), pipes) for e in ((wait, p), (release, p)))
+        events = (producer * 3, consumer * rng.choice([1, 3, 4]))
+        key = model.intern(events)
+        depths = itertools.product([1, 2, 33], repeat=pipes) if pipes < 4 else [tuple(rng.choice([1, 2]) for _ in range(pipes))]
+        for depth in depths:
+            expected = tuple(simulate(events, list(depth)))
+            assert model.blocked(key, events, depth) == expected, (events, depth)
+            assert model.blocked(key, events, depth) == expected  # remembered
