@@ -122,11 +122,25 @@ class SpaceCount:
     kept: int = 0
     pruned: Counter = field(default_factory=Counter)  # reason kind -> count
     examples: dict[str, str] = field(default_factory=dict)  # reason kind -> one full message
+    params_counted: int = 0  # kernel-parameter points counted ...
+    params_total: int = 0  # ... of the grid's (fewer: an estimate, scaled to the grid)
 
     def prune(self, reason: str, n: int = 1) -> None:
         kind = reason.split(":", 1)[0]
         self.pruned[kind] += n
         self.examples.setdefault(kind, reason)
+
+    @property
+    def estimated(self) -> bool:
+        return self.params_counted < self.params_total
+
+    def scaled(self) -> SpaceCount:
+        """The counts of a sample of the grid's kernel-parameter points, scaled to all of them."""
+        if not self.estimated or not self.params_counted:
+            return self
+        f = self.params_total / self.params_counted
+        pruned = Counter({kind: round(n * f) for kind, n in self.pruned.items()})
+        return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, self.params_counted, self.params_total)
 
 
 class SeedShape:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
@@ -82,6 +82,11 @@ class ScheduleSpace:
         for values in itertools.product(*(self.param_grid[k] for k in keys)):
             yield tuple(zip(keys, values))
 
+    def param_sample(self, n: int | None, seed: int = 0) -> list[ParamsKey]:
+        """``n`` kernel-parameter points drawn at random (all of them if ``n`` is None or more)."""
+        grid = list(self.param_points())
+        return random.Random(seed).sample(grid, n) if n is not None and n < len(grid) else grid
+
     def shape(self, params: ParamsKey) -> SeedShape | str:
         """The seed at a kernel-parameter point, or why that point is out."""
         if params not in self._shapes:
@@ -116,25 +121,29 @@ class ScheduleSpace:
     def walk(self, count: SpaceCount | None = None) -> Iterator[tuple[Point, SeedShape]]:
         """Every surviving point; pruned ones are tallied into ``count``."""
         count = count if count is not None else SpaceCount()
-        for params, shape, plan, depths, stages, survivors in self._structures(count):
+        for params, shape, plan, depths, stages, survivors in self._structures(count, self.param_points()):
             for label, nregs in survivors:
                 yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved), shape
 
-    def count(self, tick: Callable[[int, int], None] | None = None) -> SpaceCount:
+    def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0) -> SpaceCount:
         """Sizes before and after pruning; register budgets are counted, not enumerated.
-        ``tick(total, kept)`` hears the running counts (a count can take a minute)."""
-        count = SpaceCount()
-        for *_, survivors in self._structures(count):
+        ``tick(total, kept)`` hears the running counts (a count can take a minute).
+        ``sample``: count only that many kernel-parameter points, drawn at random, and
+        scale to the whole grid (an estimate, ``estimated``): deriving the seed of every
+        point of a large grid takes minutes (each is a tilelang PrimFunc)."""
+        chosen = self.param_sample(sample, seed)
+        count = SpaceCount(params_counted=len(chosen), params_total=sum(1 for _ in self.param_points()))
+        for *_, survivors in self._structures(count, chosen):
             count.kept += len(survivors)
             if tick is not None:
                 tick(count.total, count.kept)
-        return count
+        return count.scaled()
 
-    def _structures(self, count: SpaceCount) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
+    def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey]) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
         """Everything but warp ranges and budgets, each with its surviving (split, nregs)."""
         pruned_params: list[str] = []
         reference: SeedShape | None = None
-        for params in self.param_points():
+        for params in grid:
             shape = self.shape(params)
             if isinstance(shape, str):
                 pruned_params.append(shape)
@@ -270,9 +279,10 @@ class ScheduleSpace:
         """A point that passes every static rule, drawn level by level among the
         choices that survive (for exploring a space where most random decisions
         are pruned); None if ``tries`` draws found none."""
-        valid = [p for p in self.param_points() if not isinstance(self.shape(p), str)]
-        for _ in range(tries if valid else 0):
-            params = rng.choice(valid)
+        for _ in range(tries):
+            params = self._random_params(rng)
+            if params is None:
+                return None
             shape = self.shape(params)
             assert not isinstance(shape, str)
             moved = tuple(op for op in shape.movable if rng.random() < 0.5)
@@ -288,6 +298,18 @@ class ScheduleSpace:
             if isinstance(self.candidate(point), Candidate):
                 return point
         return None
+
+    def _random_params(self, rng: random.Random) -> ParamsKey | None:
+        """A kernel-parameter point with a seed, uniformly: drawn from the whole grid and
+        redrawn while pruned, so that only the seeds of drawn points are derived (each is
+        a tilelang PrimFunc: a grid of hundreds takes minutes)."""
+        grid = list(self.param_points())
+        for _ in range(4 * len(grid)):
+            params = rng.choice(grid)
+            if not isinstance(self.shape(params), str):
+                return params
+        valid = [p for p in grid if not isinstance(self.shape(p), str)]  # few valid: look at all
+        return rng.choice(valid) if valid else None
 
     def decisions(self, point: Point) -> dict[str, Any]:
         """The sampler's decisions that give this point (``sample`` in reverse)."""

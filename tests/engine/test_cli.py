@@ -3,6 +3,8 @@ as one line with exit code 2 and nothing half-written."""
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from pathlib import Path
@@ -57,11 +59,16 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, exam
 
 
 def test_space_prints_axes_and_counts(example_path):
-    proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync")
+    proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync", "--sample", "0")
     assert proc.returncode == 0, proc.stderr
     assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
-    before, after = map(int, __import__("re").search(r"candidates: (\d+) before pruning, (\d+) after", proc.stdout).groups())
+    before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after \(", proc.stdout).groups())
     assert before > after > 10_000
+    # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.
+    sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync", "--sample", "16")
+    assert sampled.returncode == 0, sampled.stderr
+    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
+    assert 0 < est_after <= est_before and before / 4 <= est_before <= 4 * before
 
 
 def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):

@@ -80,6 +80,22 @@ def test_count_agrees_with_walk(seeds):
     assert count.kept == sum(1 for _ in space.walk())
 
 
+def test_a_sampled_count_is_an_estimate_scaled_to_the_grid(space, count):
+    grid = len(list(space.param_points()))
+    assert (count.params_counted, count.params_total, count.estimated) == (grid, grid, False)
+    whole = space.count(sample=grid)  # a sample of the whole grid is the exact count
+    assert (whole.total, whole.kept, whole.estimated) == (count.total, count.kept, False)
+    part = space.count(sample=grid // 3, seed=3)
+    assert (part.params_counted, part.params_total, part.estimated) == (grid // 3, grid, True)
+    # The grid's points differ (tiles that do not divide the problem are pruned whole):
+    # the estimate is near, not equal, and its pruned kinds still add up.
+    assert 0.5 * count.total <= part.total <= 2 * count.total
+    assert part.kept <= part.total and set(part.pruned) <= set(count.pruned)
+    assert abs(sum(part.pruned.values()) - (part.total - part.kept)) <= len(part.pruned)  # rounding
+    again = space.count(sample=grid // 3, seed=3)
+    assert (again.total, again.kept) == (part.total, part.kept)  # the same draw for the same seed
+
+
 def test_all_axes_vary(gemm_spec):
     # M=3072 admits block_M=192, the one tile three consumer warpgroups can split.
     grid = {**gemm_spec.params, "mma": ("sync",), "swizzle": (8,)}

@@ -1,6 +1,6 @@
 """Every kernel file of examples/ and tests/data/, through its schedule space on
-the CPU (benchmarks/space_audit.py): the seed's own point is the seed at every
-kernel-parameter point, and every candidate of a bounded random sample is
+the CPU (benchmarks/space_audit.py): the seed's own point is the seed at random
+kernel-parameter points, and every candidate of a bounded random sample is
 either pruned by a static rule with its reason or accepted by tilelang's real
 MaterializeWSSchedule verifier; the fraction rejected is printed (the goal is
 none). A few non-seed candidates per file are built as ``--compile-only``
@@ -45,7 +45,7 @@ def test_every_kernel_file_is_audited():
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_sampled_candidates_are_pruned_with_a_reason_or_verified(path):
-    row = audit_script.audit(audit_script.task_for(path), samples=60, survivors=12, seed=1)
+    row = audit_script.audit(audit_script.task_for(path), samples=60, survivors=12, seed=1, points=24)
     print(f"\n{audit_script.table([row])}\n  verifier-rejected fraction: {row.rejected_fraction}")
     assert row.seed_point_is_seed
     assert row.total > 0 and 0 < row.kept <= row.total
@@ -61,7 +61,7 @@ def test_sampled_candidates_build_with_nvcc(tmp_path, monkeypatch):
     check()) leave nothing that nvcc or tilelang's lowering refuses."""
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # compiles are real
     for path in FILES:
-        row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2)
+        row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2, points=4)
         print(f"{path.name}: built {row.built}, failed {row.compile_failed}")
         assert row.built == 1 and row.compile_failed == [], (path.name, row.compile_failed)
 

@@ -159,21 +159,27 @@ def _relative(best: Any, other: Any) -> float | None:
 
 
 # --- space ------------------------------------------------------------------
+# Kernel-parameter points counted by default: the seed of each is a tilelang PrimFunc,
+# and counting every point of a grid of hundreds takes many minutes.
+SPACE_SAMPLE = 48
 
 
 @app.command()
 @handles_errors
 def space(
-    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt
+    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt,
+    sample: int = typer.Option(SPACE_SAMPLE, "--sample", help="Count at N kernel-parameter points drawn at random and scale to the grid; 0 counts every point"),
 ) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
     import time
 
+    if sample < 0:
+        raise _fail("--sample must be >= 0")
     task = _task(file, shape, param, space_config)
     sp = task.space()
     start = time.perf_counter()
     with counting(err, "counting the space") as tick:
-        count = sp.count(tick)
+        count = sp.count(tick, sample=sample or None)
     elapsed = time.perf_counter() - start
     axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}")
     axes.add_column("axis")
@@ -188,7 +194,11 @@ def space(
     for kind, n in count.pruned.most_common():
         pruned.add_row(kind, str(n), count.examples[kind])
     out.print(pruned)
-    out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    if count.estimated:
+        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after, estimated at {count.params_counted} of the "
+                  f"{count.params_total} kernel-parameter points ({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
+    else:
+        out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     _print_limits(sp)
 
 

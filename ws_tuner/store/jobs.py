@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -139,12 +141,7 @@ class Jobs(OnStore):
         """Queued jobs, in order, made by one statement: a multi-row INSERT ... RETURNING
         (SQLAlchemy's insertmanyvalues, rows matched to their jobs by order), atomic by
         itself, so many submissions share one round trip and one commit."""
-        rows = [
-            dict(kernel_id=j.kernel_id, kernel=j.kernel, problem=canonical_json(j.problem), problem_checked=j.problem_checked,
-                 params=j.params, strategy=j.strategy, seed=j.seed, budget=j.budget, time_budget=j.time_budget,
-                 baselines=j.baselines, device=j.device, created_by=j.created_by)
-            for j in jobs
-        ]  # fmt: skip
+        rows = [{**_fields(j), "problem": canonical_json(j.problem)} for j in jobs]  # the sha is the kernel's, not a column
         unknown = {j.kernel_id for j in jobs if j.kernel_sha256 is None}
         with self.store.statement() as connection:
             stamped = connection.execute(_INSERT_JOB, rows).all()
@@ -258,3 +255,8 @@ class Jobs(OnStore):
             session.execute(update(WorkerModel).where(WorkerModel.id == worker_id).values(job_id=row.id))
             claimed = session.execute(_job_query().where(JobModel.id == row.id).execution_options(populate_existing=True)).all()
             return _records(session, list(claimed), counts=False)[0], row.state == QUEUED
+
+
+def _fields(job: NewJob) -> dict[str, Any]:
+    """A new job's columns (every field but the kernel's sha, which lives with the kernel)."""
+    return {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "kernel_sha256"}
