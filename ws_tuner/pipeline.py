@@ -14,7 +14,8 @@ finishes them. Everything else is here, once:
   ratio to it (measure.py);
 * one kernel, one measurement: candidates whose generated code is the same
   (a kernel parameter the schedule overrides) are measured once and share it;
-* the final tournament: the leaders and the best of every baseline, re-timed
+* the final tournament: the leaders and the best of every baseline (with the
+  points of a baseline whose search timings come within 2% of its best), re-timed
   all together until the winner's ratio is known to 1%.
 """
 
@@ -158,9 +159,19 @@ class TuneReport:
 
     def baseline(self, kind: str) -> TrialRecord | None:
         """Best of one baseline: "seed", "default", "role_based" or "reference" (vendor libraries included)."""
+        return self._best(self._of_kind(kind))
+
+    def contenders(self, kind: str, margin: float, most: int) -> list[TrialRecord]:
+        """One baseline's points that may be its best: within ``margin`` of its best
+        search ratio, best first, at most ``most``."""
+        ok = sorted((r for r in self._of_kind(kind) if r.result.status is Status.OK and r.result.ratio is not None),
+                    key=lambda r: r.result.rank_key())  # fmt: skip
+        return [r for r in ok if r.result.ratio <= ok[0].result.ratio * (1 + margin)][:most] if ok else []
+
+    def _of_kind(self, kind: str) -> Iterable[TrialRecord]:
         if kind == "seed":
-            return self._best(r for r in self.records if r.role == BASELINE and r.candidate.lowering is Lowering.WS)
-        return self._best(r for r in self.records if r.candidate.lowering.value == kind)
+            return (r for r in self.records if r.role == BASELINE and r.candidate.lowering is Lowering.WS)
+        return (r for r in self.records if r.candidate.lowering.value == kind)
 
 
 Listener = Callable[[str, "TrialRecord | None"], None]
@@ -170,6 +181,10 @@ Listener = Callable[[str, "TrialRecord | None"], None]
 class PipelineOptions:
     max_in_flight: int = 2  # candidates being built or measured at once
     confirm_top: int = 5  # leaders entered into the final tournament, beside the best of each baseline
+    # ... and every other point of a baseline within this of its best by search timing
+    # (at most confirm_top a kind): search timings of near points often swap in the
+    # tournament, and a baseline must not lose by the one point picked.
+    confirm_margin: float = 0.02
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
 
@@ -364,13 +379,15 @@ class Pipeline:
 
     # --- the final tournament ---------------------------------------------------------
     def confirm(self) -> list[TrialRecord]:
-        """Re-time the leaders and the best of every baseline, all together."""
+        """Re-time the leaders and the best of every baseline (and its near rivals), all together."""
         if self.runner is None or not self.options.confirm_top:
             return []
         report = self.report
         leaders = sorted((r for r in report.found() if r.result.status is Status.OK and r.result.timing),
                          key=lambda r: r.result.rank_key())[: self.options.confirm_top]  # fmt: skip
-        chosen = {r.candidate.hash: r for r in leaders + [b for b in map(report.baseline, BASELINE_KINDS) if b]}
+        o = self.options
+        baselines = [r for kind in BASELINE_KINDS for r in report.contenders(kind, o.confirm_margin, o.confirm_top)]
+        chosen = {r.candidate.hash: r for r in leaders + baselines}
         if len(chosen) < 2 and not leaders:
             return []
         self.listener("confirm", None)

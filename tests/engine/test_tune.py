@@ -185,3 +185,28 @@ def test_the_tournament_takes_the_leaders_and_the_best_of_each_baseline(task, st
     for kind in ("seed", "default", "role_based", "reference"):
         assert report.baseline(kind).candidate.hash in entrants
     assert report.confirmed == len(entrants) and all(report.baseline(k).result.confirmed for k in ("default", "role_based"))
+
+
+def test_a_baseline_enters_the_tournament_with_its_near_rivals():
+    """A baseline point whose search timing is within the margin of its kind's best
+    is re-timed too: one point picked by a noisy search timing must not stand for the kind."""
+    from ws_tuner.candidate import Candidate
+    from ws_tuner.pipeline import TrialRecord, TuneReport
+    from ws_tuner.result import Timing, TrialResult
+    from ws_tuner.workload import Environment, WorkloadKey
+
+    key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
+    report = TuneReport(key, 0, compile_only=False)
+    timing = Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=10)
+
+    def record(lowering, i, ratio, status=Status.OK):
+        cand = Candidate.make({"i": i}, lowering=Lowering(lowering))
+        return TrialRecord(cand, TrialResult(cand.hash, status, timing=timing, ratio=ratio), BASELINE, False)
+
+    report.records += [record("role_based", i, r) for i, r in enumerate([0.905, 0.900, 0.95, 0.915, 0.9005])]
+    report.records += [record("role_based", 9, 0.80, Status.WRONG), record("default", 10, 1.2)]
+    got = [r.result.ratio for r in report.contenders("role_based", 0.02, 5)]
+    assert got == [0.900, 0.9005, 0.905, 0.915]  # best first; 0.95 is out of the margin, the WRONG one never in
+    assert [r.result.ratio for r in report.contenders("role_based", 0.02, 2)] == [0.900, 0.9005]
+    assert [r.result.ratio for r in report.contenders("default", 0.02, 5)] == [1.2] and report.contenders("seed", 0.02, 5) == []
+    assert report.baseline("role_based").result.ratio == 0.900
