@@ -264,6 +264,49 @@ def test_a_miss_of_a_key_without_workloads_makes_no_query(db_url: str, open_db: 
         services.close()
 
 
+def test_lookups_under_load_never_wait_for_the_directory_or_the_kernel_registration(
+    db_url: str, open_db: Callable, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workload directory and a kernel's registration are fetched again in the
+    background in the second half of their time to live, once for all lookups: under
+    load neither lapses. A lapse sent every lookup in flight to the thread pool at once
+    (32 threads and queries on two cores every few seconds: the p99 of uncached lookups)."""
+    import time
+
+    from svc_helpers import fast_settings
+
+    from ws_tuner.server import state
+    from ws_tuner.server.state import Services
+
+    ttl = 1.0
+    services = Services(fast_settings(db_url, tmp_path, workload_directory_ttl=ttl), open_db(db_url))
+    services._kernels.ttl = ttl  # the registration's lifetime, shortened as the directory's
+    hops: list[Any] = []
+    real_hop = state.run_in_threadpool
+
+    async def counted_hop(fn: Callable, *args: Any) -> Any:
+        hops.append(fn)
+        return await real_hop(fn, *args)
+
+    async def lookups(n: int) -> set[int]:
+        answers = await asyncio.gather(*(services.best_answer_async("gemm", "M=128,N=128,K=128", "NVIDIA H200", None) for _ in range(n)))
+        return {a.status for a in answers}
+
+    try:
+        services.register_kernel_dirs()
+        assert asyncio.run(lookups(1)) == {404}  # takes the snapshot and the registration
+        monkeypatch.setattr(state, "run_in_threadpool", counted_hop)
+        taken = services.workloads._taken_at
+        for _ in range(4):  # past two lifetimes in all
+            time.sleep(ttl * 0.6)
+            assert asyncio.run(lookups(32)) == {404}
+            wait_for(lambda: not services._refreshing, 5, 0.01, "the background refreshes")
+        assert hops == []  # no lookup went to the thread pool
+        assert services.workloads._taken_at > taken + ttl  # refreshed, more than once
+    finally:
+        services.close()
+
+
 def test_a_token_in_use_is_checked_again_before_it_lapses(db_url: str, tmp_path: Any, open_db: Callable, make_token: Callable) -> None:
     """In the second half of its time to live a token in use is re-checked in the
     background: its entry never lapses under load (a lapse sent every request holding it
