@@ -108,10 +108,11 @@ class ScheduleSpace:
         """What the space keeps as in the seed, and why (every seed seen so far)."""
         return list(dict.fromkeys(msg for variants in self._seeds.values() for msg in variants.seed.limits))
 
-    def axes(self) -> dict[str, tuple[Any, ...]]:
-        """Every decision and its choices, over the seeds of all kernel-parameter points."""
+    def axes(self, grid: Iterable[ParamsKey] | None = None) -> dict[str, tuple[Any, ...]]:
+        """Every decision and its choices, over the seeds of all kernel-parameter points
+        (or of those of ``grid``)."""
         out: dict[str, tuple[Any, ...]] = {f"param.{k}": v for k, v in self.param_grid.items()}
-        for params in self.param_points():
+        for params in self.param_points() if grid is None else grid:
             shape = self.shape(params)
             if not isinstance(shape, str):
                 self._decisions(shape, lambda name, options: out.setdefault(name, tuple(options))[0], every=True)

@@ -181,10 +181,11 @@ def space(
     with counting(err, "counting the space") as tick:
         count = sp.count(tick, sample=sample or None)
     elapsed = time.perf_counter() - start
-    axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}")
+    seen = f" (decisions of the seeds at the {count.params_counted} points counted)" if count.estimated else ""
+    axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}{seen}")
     axes.add_column("axis")
     axes.add_column("values")
-    for name, values in sp.axes().items():
+    for name, values in sp.axes(sp.param_sample(sample or None)).items():
         axes.add_row(name, ", ".join(map(str, values)))
     out.print(axes)
     pruned = Table(title="static pruning")
