@@ -3,7 +3,8 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
         python benchmarks/profile_kernels.py examples/attention.py \\
-            --shape B=4,H=16,S=4096,D=128,causal=0 --param block_M=128,block_N=128,stages=2,mma=async,consumers=cooperative
+            --shape B=4,H=16,S=4096,D=128,causal=0 --param block_M=128,block_N=128,stages=2,mma=async,consumers=cooperative \\
+            [--lowering role_based]
 
 Everything is built and warmed up first; only the profiled launches (each
 kernel ``--launches`` times, seed first, then every vendor) fall between
@@ -17,6 +18,7 @@ import argparse
 import torch
 
 from ws_tuner import gpu
+from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.kernel import load_kernel
 from ws_tuner.runner import RunInput
 from ws_tuner.task import Task
@@ -28,6 +30,8 @@ def main() -> None:
     ap.add_argument("--shape", required=True)
     ap.add_argument("--param", required=True, help="one kernel-parameter point, every parameter pinned")
     ap.add_argument("--launches", type=int, default=1)
+    ap.add_argument("--lowering", nargs="*", default=[], choices=["default", "role_based"],
+                    help="tilelang's own lowerings of the same point, profiled after the seed (the point must be plain: sync, cooperative)")
     args = ap.parse_args()
     spec = load_kernel(args.file)
     task = Task.make(spec, spec.parse_problem(args.shape), spec.parse_params(args.param))
@@ -38,6 +42,9 @@ def main() -> None:
     _, launch = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, seed))
     inputs = spec.inputs(task.problem, "cuda")
     kernels = {"seed": lambda: launch(inputs)}
+    for lowering in args.lowering:  # what a baseline of the tuning is: the plain program, no schedule
+        _, base = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, Candidate.make(dict(point), lowering=Lowering(lowering))))
+        kernels[lowering] = lambda fn=base: fn(inputs)
     kernels |= {name: (lambda fn=spec.vendor(task.problem, name): fn(inputs)) for name in spec.vendor_names(task.problem)}
     for fn in kernels.values():  # compile, autotune and warm up outside the profiled range
         for _ in range(3):

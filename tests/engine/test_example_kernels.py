@@ -397,3 +397,21 @@ def test_attention_ftz_exponential_is_the_bare_ex2(attention, exp, tmp_path):
     calls = re.findall(r"\b(exp2f|__expf|ws_tune_ex2_ftz)\(", source)
     assert calls and set(calls) == ({"ws_tune_ex2_ftz"} if exp == "ftz" else {"exp2f"})
     assert ("ex2.approx.ftz.f32" in source) == (exp == "ftz")
+
+
+@pytest.mark.parametrize("reduce", ["row", "lane"])
+def test_attention_lane_reduce_defers_the_row_sum(attention, reduce):
+    """reduce="lane": inside the K/V loop only the row max is all-reduced across a
+    row's four lanes; the row sum stays per thread and is all-reduced once, after
+    the loop (FlashAttention-3's deferred l). "row" all-reduces both every step."""
+    params = {**ATTN_PARAMS, "persistent": True, "exp": "ftz", "mma": "sync", "reduce": reduce}
+    task = Task.make(attention, {**ATTN_PROBLEM, "D": 64})
+    func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
+    source = compiler.compile_kernel(func).get_kernel_source()
+    sums = [m.start() for m in re.finditer(r"AllReduce<tl::SumOp", source)]
+    maxes = [m.start() for m in re.finditer(r"AllReduce<tl::MaxOp", source)]
+    assert maxes and sums
+    if reduce == "row":
+        assert len(sums) == len(maxes)  # one per copy of the loop body
+    else:
+        assert len(sums) == 1 and sums[0] > max(maxes)  # the epilogue's, after every step's max
