@@ -40,7 +40,8 @@ GEMM_PARAMS = {"block_M": 128, "block_N": 256, "block_K": 64, "swizzle": 8}
 
 def attention_variants(spec, problem):
     """Each (mma, consumers, stages, persistent) at the first block sizes check()
-    allows; and three consumer warpgroups (block_M 192) where check() allows them."""
+    allows; three consumer warpgroups (block_M 192) where check() allows them; and
+    reduce="lane" with each mma and tile walk."""
     for mma, consumers, stages, persistent in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (1, 2), (False, True)):
         for block_N in (128, 64):
             params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers, "persistent": persistent}
@@ -49,6 +50,10 @@ def attention_variants(spec, problem):
                 break
     for mma in ("sync", "async"):
         params = {"block_M": 192, "block_N": 128, "stages": 2, "mma": mma, "consumers": "cooperative"}
+        if spec.check(problem, params, None) is None:
+            yield params
+    for mma, persistent in itertools.product(("sync", "async"), (False, True)):  # the row max and sum as per-lane partials
+        params = {"block_M": 128, "block_N": 128, "stages": 2, "mma": mma, "consumers": "cooperative", "persistent": persistent, "reduce": "lane"}
         if spec.check(problem, params, None) is None:
             yield params
 
