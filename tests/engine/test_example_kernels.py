@@ -82,15 +82,31 @@ def fresh_cache(tmp_path, monkeypatch):
     ids=["d64-causal", "d128-bf16", "d128-causal-bf16-tails"],
 )
 def test_every_allowed_attention_variant_verifies(attention, changes):
+    """Every structure (roles, pipelines, the persistent walk: the product of the
+    parameters that shape them) with the tile sizes and softmax variants at one value,
+    then every value of those at four structures: the whole product (1,536 points, each
+    a PrimFunc built and verified) took most of an hour of CI."""
     problem = {**ATTN_PROBLEM, **changes}
-    seen = set()
-    for params, func, seed in allowed_variants(attention, problem):
-        verify(func, seed)
-        seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"]))
+    # Blocks of 64 keys: at D=128, 128 leave no room for ping-pong's own buffers nor registers for 192 rows.
+    pinned = {"block_N": (64,), "stages": (2,), "exp": ("ftz",), "reduce": ("lane",)}
+    grids = [{**attention.params, **pinned}]
+    for mma, consumers, persistent in (("sync", "cooperative", False), ("async", "cooperative", True), ("async", "pingpong", False), ("sync", "pingpong", True)):
+        form = {"mma": (mma,), "consumers": (consumers,), "persistent": (persistent,), "block_M": (128,), "q_buffers": (1,), "store": ("consumer",)}
+        grids.append({**attention.params, **form})
+    varied = lambda grid: {k for k, v in grid.items() if len(v) > 1}  # noqa: E731
+    assert varied(grids[0]) | varied(grids[1]) == varied(attention.params)  # no parameter is left out
+    seen, values = set(), {k: set() for k in pinned}
+    for grid in grids:
+        for params, func, seed in allowed_variants(attention, problem, grid):
+            verify(func, seed)
+            seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"]))
+            for k in pinned:
+                values[k].add(params[k])
     assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (False, True)))
     assert {v[3] for v in seen} == {64, 128, 192}  # one to three consumer warpgroups
     # A second Q buffer and the Storer warp: persistent only, with every mma and consumer form.
     assert {v[:3] for v in seen if v[4:] == (2, "role")} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (True,)))
+    assert values == {k: set(attention.params[k]) for k in pinned}
 
 
 def test_every_allowed_gemm_async_variant_verifies(gemm):
