@@ -280,8 +280,9 @@ class ScheduleSpace:
         """A point that passes every static rule, drawn level by level among the
         choices that survive (for exploring a space where most random decisions
         are pruned); None if ``tries`` draws found none."""
+        grid = list(self.param_points())
         for _ in range(tries):
-            params = self._random_params(rng)
+            params = self._random_params(rng, grid)
             if params is None:
                 return None
             shape = self.shape(params)
@@ -300,11 +301,10 @@ class ScheduleSpace:
                 return point
         return None
 
-    def _random_params(self, rng: random.Random) -> ParamsKey | None:
-        """A kernel-parameter point with a seed, uniformly: drawn from the whole grid and
+    def _random_params(self, rng: random.Random, grid: list[ParamsKey]) -> ParamsKey | None:
+        """A point of ``grid`` with a seed, uniformly: drawn from the whole grid and
         redrawn while pruned, so that only the seeds of drawn points are derived (each is
         a tilelang PrimFunc: a grid of hundreds takes minutes)."""
-        grid = list(self.param_points())
         for _ in range(4 * len(grid)):
             params = rng.choice(grid)
             if not isinstance(self.shape(params), str):
