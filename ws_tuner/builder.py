@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import os
 import signal
+import threading
 import time
 from contextlib import suppress
 from concurrent.futures import Future, InvalidStateError
@@ -97,6 +98,9 @@ def build_one(build_input: BuildInput) -> BuildResult:
     return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
 
 
+STOP_JOIN_S = 10.0  # how long closing waits for the stopped pool's threads
+
+
 class LocalBuilder(Builder):
     """A pool of spawned compile workers on this machine.
 
@@ -143,7 +147,13 @@ class LocalBuilder(Builder):
         except TimeoutError:  # a compile still running (an interrupted tuning): nobody waits for it
             pass
         self._pool.stop()
-        self._pool.join()
+        # pebble's join after a stop waits for its task scheduler thread without a bound,
+        # and under load that thread was seen still waiting for a task after the workers
+        # were gone (an interrupted tuning hung on exit). The workers are stopped by then
+        # and pebble's threads are daemons: past a bound, the join is left behind.
+        joiner = threading.Thread(target=self._pool.join, name="ws-tune-builder-join", daemon=True)
+        joiner.start()
+        joiner.join(STOP_JOIN_S)
 
 
 def _init_worker(threads: int) -> None:
