@@ -132,7 +132,7 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
             out.rejected.append(f"{cand.describe()}: {exc}")
     out.verified = len(passed)
     if compile_n and passed:
-        seeds = {space.seed_candidate(tuple(sorted(c.param_dict.items()))).hash for c in passed}
+        seeds = {space.seed_candidate(c.params).hash for c in passed}
         chosen = sorted(passed, key=lambda c: (c.hash in seeds, c.hash))[:compile_n]
         with LocalBuilder(jobs=jobs, timeout=900) as builder:
             results = builder.build([BuildInput(str(task.spec.path), task.spec.source_hash, task.problem, c) for c in chosen])

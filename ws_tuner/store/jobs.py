@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from collections.abc import Sequence
 from typing import Any
