@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import os
 import signal
-import threading
 import time
 from contextlib import suppress
 from concurrent.futures import Future, InvalidStateError
@@ -23,7 +22,7 @@ from pebble import ProcessExpired, ProcessPool
 
 from .candidate import Candidate, Lowering
 from .result import Status
-from .sandbox import spawn_context
+from .sandbox import close_pool, spawn_context
 
 
 @dataclass(frozen=True)
@@ -98,9 +97,6 @@ def build_one(build_input: BuildInput) -> BuildResult:
     return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
 
 
-STOP_JOIN_S = 10.0  # how long closing waits for the stopped pool's threads
-
-
 class LocalBuilder(Builder):
     """A pool of spawned compile workers on this machine.
 
@@ -141,19 +137,7 @@ class LocalBuilder(Builder):
         return outer
 
     def close(self) -> None:
-        self._pool.close()
-        try:
-            self._pool.join(timeout=5)
-        except TimeoutError:  # a compile still running (an interrupted tuning): nobody waits for it
-            pass
-        self._pool.stop()
-        # pebble's join after a stop waits for its task scheduler thread without a bound,
-        # and under load that thread was seen still waiting for a task after the workers
-        # were gone (an interrupted tuning hung on exit). The workers are stopped by then
-        # and pebble's threads are daemons: past a bound, the join is left behind.
-        joiner = threading.Thread(target=self._pool.join, name="ws-tune-builder-join", daemon=True)
-        joiner.start()
-        joiner.join(STOP_JOIN_S)
+        close_pool(self._pool, drain_s=5)  # an interrupted tuning's compiles are not waited for
 
 
 def _init_worker(threads: int) -> None:

@@ -21,7 +21,7 @@ from .builder import BuildInput
 from .candidate import Candidate
 from .measure import MeasureConfig
 from .result import Status, TrialResult
-from .sandbox import spawn_context
+from .sandbox import close_pool, spawn_context
 from .workload import Environment
 
 
@@ -122,13 +122,7 @@ class LocalRunner(Runner):
         return f"runner process died (exit code {exc.exitcode})" + (f": {reason}" if reason else "")
 
     def close(self) -> None:
-        self._pool.close()
-        try:
-            self._pool.join(timeout=10)
-        except TimeoutError:  # pebble: a run still going (a hung kernel, a stopping worker): stopped below, not waited for
-            pass
-        self._pool.stop()
-        self._pool.join()
+        close_pool(self._pool, drain_s=10)  # a run still going (a hung kernel) is stopped, not waited for
         try:
             os.unlink(self._side_file)
         except OSError:

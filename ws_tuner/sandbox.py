@@ -30,9 +30,13 @@ import multiprocessing.context
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from multiprocessing import popen_spawn_posix, reduction, resource_tracker, spawn, util
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pebble import ProcessPool
 
 # What compilers, CUDA, TVM/TileLang and torch read; nothing else passes.
 ALLOWED_NAMES = frozenset({
@@ -135,3 +139,32 @@ def spawn_context() -> multiprocessing.context.BaseContext:
     """A multiprocessing context whose processes are spawned with ``clean_environment()``
     (for ProcessPoolExecutor's ``mp_context`` and pebble's ``context``)."""
     return _CONTEXT
+
+
+STOP_WAIT_S = 10.0  # how long closing a pool waits for its stopped threads, past the drain
+
+
+def close_pool(pool: ProcessPool, drain_s: float) -> None:
+    """Let a pebble pool's running tasks finish for up to ``drain_s``, then stop its
+    workers; return within ``drain_s + STOP_WAIT_S`` whatever pebble does.
+
+    pebble's joins are unbounded once a pool stops (``join(timeout)`` of a closed
+    pool whose queue has drained stops and joins without one), and under load its
+    task scheduler thread was seen still waiting for a task after the workers were
+    gone: an interrupted tuning hung on exit. The workers are stopped before that
+    wait and pebble's threads are daemons, so past the bound the close is left
+    behind in a daemon thread of its own.
+    """
+
+    def close() -> None:
+        pool.close()
+        try:
+            pool.join(timeout=drain_s)
+        except TimeoutError:  # a task still running (an interrupted tuning, a hung kernel): stopped below
+            pass
+        pool.stop()
+        pool.join()
+
+    closer = threading.Thread(target=close, name="ws-tune-pool-close", daemon=True)
+    closer.start()
+    closer.join(drain_s + STOP_WAIT_S)

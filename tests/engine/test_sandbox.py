@@ -144,3 +144,30 @@ def test_a_sealed_process_keeps_its_secrets_from_its_children(tmp_path: Path, as
     readable = {p: v for p, v in seen["child"].items() if not v.endswith("Error")}
     assert readable and not [p for p, v in readable.items() if "secret-" in v]  # tracker, pool worker, itself: clean
     assert "secret-" not in seen["shell"]
+
+
+def test_closing_a_pool_lets_short_tasks_finish_and_stops_a_hung_one_within_its_bound() -> None:
+    """An interrupted tuning must exit: close_pool neither waits for a hung task nor for pebble's stopped threads."""
+    import multiprocessing
+    import time
+
+    from pebble import ProcessPool
+
+    from ws_tuner.sandbox import STOP_WAIT_S, close_pool, spawn_context
+
+    before = set(multiprocessing.active_children())
+    pool = ProcessPool(max_workers=2, context=spawn_context())
+    short = pool.schedule(time.sleep, args=(0.1,))
+    hung = pool.schedule(time.sleep, args=(600,))
+    while not (short.running() and hung.running()):  # both in workers, not just queued
+        time.sleep(0.05)
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2
+    started = time.monotonic()
+    close_pool(pool, drain_s=2)
+    assert time.monotonic() - started < 2 + STOP_WAIT_S
+    assert short.result(timeout=0) is None
+    assert not hung.done() or hung.exception(timeout=0) is not None  # stopped, never finished
+    for worker in workers:
+        worker.join(timeout=5)
+        assert not worker.is_alive()
