@@ -504,7 +504,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, S_lanes_1, lanes_1, l_lanes_1))
             if ftz:
                 T.import_source(EX2_FTZ_SOURCE)
-            elif poly:  # one source: a second import_source would replace the first
+            elif poly:  # both functions, in one import_source
                 T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             tile(Q, K, V, Output, parts, bx, by, bz)
@@ -535,7 +535,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             round_ = T.alloc_var("int32")
             if ftz:
                 T.import_source(EX2_FTZ_SOURCE)
-            elif poly:  # one source: a second import_source would replace the first
+            elif poly:  # both functions, in one import_source
                 T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             with T.ws_op("first"):
