@@ -45,7 +45,16 @@ Kernel-side variants (PARAMS):
   where the softmax's instruction issue is what the consumers wait on;
   probabilities below 2^-126 become 0. The plain program differs in this
   one function, so tilelang's own lowerings are built at both values.
-  (H200 run 11: 0-3% faster; every winner used it.)
+  (H200 run 11: 0-3% faster; every winner used it.) "poly" moves part of
+  the score tile's exponentials off the MUFU (16 per clock per SM, against
+  128 FMAs), as FlashAttention-4 does: the columns c with
+  (c // 8) % POLY_GROUPS == POLY_GROUPS - 1 (one in four) take 2^x =
+  2^floor(x) * p(x - floor(x)), p a degree-3 minimax polynomial (relative
+  error 8.6e-5, under fp16's half ulp of 4.9e-4), its integer part added
+  into the float's exponent bits; the rest, and alpha, stay on ex2.approx.ftz.
+  A thread's column groups c // 8 are its own register indices on the wgmma
+  accumulator layout (see reduce), so the unrolled loop has the choice made
+  per register at compile time.
 - ``reduce``: the softmax's row max and row sum. "row" reduces each row's
   block_N scores with T.reduce_max / T.reduce_sum: per thread two sequential
   chains of block_N / 4, then a 4-lane shuffle all-reduce of both, every
@@ -93,7 +102,7 @@ PARAMS = {
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
     "q_buffers": [1, 2],  # persistent: the seed's Q pipeline depth (2: the next tile's Q loads under this one)
     "store": ["consumer", "role"],  # persistent: who writes O to global memory (see the module docstring)
-    "exp": ["exp2", "ftz"],  # the softmax's exponential: exp2f, or ex2.approx.ftz (one MUFU.EX2, no denormal path)
+    "exp": ["exp2", "ftz", "poly"],  # the softmax's exponential: exp2f, ex2.approx.ftz (one MUFU.EX2, no denormal path), or ftz with 1/4 on the FMA pipe
     "reduce": ["row", "lane"],  # the softmax's row max and sum: whole rows each step, or per-lane partials first (sum deferred)
 }
 # Async waits and ping-pong turns are right only in the seed's order (tilelang's
@@ -122,6 +131,27 @@ __device__ __forceinline__ float {EX2_FTZ}(float x) {{
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}}
+"""
+# exp="poly": 2^x on the FMA pipe for the score columns c with (c // 8) % POLY_GROUPS ==
+# POLY_GROUPS - 1. EX2_POLY_COEFFS are p(f) ~ 2^f on [0, 1], p(0) = 1, minimax in relative
+# error (weighted Remez, rounded to fp32): at most 8.6e-5 (tests/engine/test_example_kernels.py
+# emulates the function below). Adding 1.5 * 2^23 rounding down leaves floor(x) in the low
+# mantissa bits (ulp 1 there); shifted left by 23 they are floor(x) in the exponent field
+# (two's complement: the higher bits fall off), added to p's. x is clamped at -127 so that
+# -inf (masked keys) gives 0; scores are max-subtracted, x <= 0, and x in (-127, -126) gives
+# a denormal below 2^-126 rather than 2^x: nothing next to the row's maximum, which is 1.
+POLY_GROUPS = 4
+EX2_POLY = "ws_tune_ex2_poly"
+EX2_POLY_COEFFS = (1.0, 0.6951167583465576, 0.22764499485492706, 0.07706703990697861)
+EX2_POLY_SOURCE = f"""
+__device__ __forceinline__ float {EX2_POLY}(float x) {{
+  const float round_shift = 12582912.0f;  // 1.5 * 2^23
+  x = fmaxf(x, -127.0f);
+  float shifted = __fadd_rd(x, round_shift);  // round_shift + floor(x), exactly
+  float f = x - (shifted - round_shift);  // in [0, 1), exactly
+  float p = fmaf(fmaf(fmaf({EX2_POLY_COEFFS[3]!r}f, f, {EX2_POLY_COEFFS[2]!r}f), f, {EX2_POLY_COEFFS[1]!r}f), f, {EX2_POLY_COEFFS[0]!r}f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
 }}
 """
 # reduce="lane": a row's block_N scores seen as (block_N // LANE_COLUMNS, LANE_COLUMNS); on
@@ -217,11 +247,19 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
     rows = block_M // 2 if pingpong else block_M  # query rows of one consumer role
     consumer_warps = block_M // 16
     ftz = exp == "ftz"
+    poly = exp == "poly"
     lanes = reduce == "lane"
     scale = LOG2E / math.sqrt(D)
 
     def exponential(x):
-        return T.call_extern("float32", EX2_FTZ, x) if ftz else T.exp2(x)
+        return T.call_extern("float32", EX2_FTZ, x) if ftz or poly else T.exp2(x)
+
+    def score_exponential(x, j):
+        """The exponential of score column j: with exp="poly" one column group in POLY_GROUPS on the FMA pipe."""
+        if not poly:
+            return exponential(x)
+        on_fma = (j // LANE_COLUMNS) % POLY_GROUPS == POLY_GROUPS - 1
+        return T.if_then_else(on_fma, T.call_extern("float32", EX2_POLY, x), exponential(x))
     shape = (B, S, H, D)
     # Tails: TMA zero-fills the rows a load reads past S and drops those a store
     # writes there; keys past S are masked (causal masks them anyway).
@@ -379,7 +417,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             for i in T.Parallel(rows):
                 part.alpha[i] = exponential(part.m_prev[i] * scale - part.m[i] * scale)
             for i, j in T.Parallel(rows, block_N):
-                part.S[i, j] = exponential(part.S[i, j] * scale - part.m[i] * scale)
+                part.S[i, j] = score_exponential(part.S[i, j] * scale - part.m[i] * scale, j)
             if lanes:  # l stays split by column class until the epilogue
                 T.reduce_sum(part.S_lanes, part.lanes, dim=1)
                 for i, c in T.Parallel(rows, LANE_COLUMNS):
@@ -466,6 +504,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, S_lanes_1, lanes_1, l_lanes_1))
             if ftz:
                 T.import_source(EX2_FTZ_SOURCE)
+            elif poly:  # both functions, in one import_source
+                T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             tile(Q, K, V, Output, parts, bx, by, bz)
 
@@ -495,6 +535,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             round_ = T.alloc_var("int32")
             if ftz:
                 T.import_source(EX2_FTZ_SOURCE)
+            elif poly:  # both functions, in one import_source
+                T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
             with T.ws_op("first"):
                 round_ = 0

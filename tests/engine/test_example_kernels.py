@@ -242,8 +242,9 @@ def test_gemm_vendor_is_cublas_through_torch(gemm):
 REPRESENTATIVE = [
     (ATTENTION, ATTN_PROBLEM, ATTN_PARAMS),
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1, "dtype": "bfloat16"}, {**ATTN_PARAMS, "block_N": 64, "mma": "sync", "consumers": "pingpong"}),
-    # Persistent, causal: the tile loop with a per-tile K/V extent, the async drain before Q is freed.
-    (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True}),
+    # Persistent, causal: the tile loop with a per-tile K/V extent, the async drain before Q is freed;
+    # a quarter of the exponentials on the FMA pipe, of masked (-inf) scores too.
+    (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True, "exp": "poly"}),
     # The same with two Q buffers, the O store in the Storer warp and the inline-PTX exponential.
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True, "q_buffers": 2, "store": "role", "exp": "ftz"}),
     (GEMM, GEMM_PROBLEM, {**GEMM_PARAMS, "mma": "async", "persistent": True, "epilogue": "smem"}),
@@ -401,18 +402,57 @@ def test_persistent_async_attention_frees_the_last_v_stage_after_its_product(att
     assert wait == ("tl::wait_wgmma<0>" if q_buffers == 2 else "")
 
 
-@pytest.mark.parametrize("exp", ["exp2", "ftz"])
+@pytest.mark.parametrize("exp", ["exp2", "ftz", "poly"])
 def test_attention_ftz_exponential_is_the_bare_ex2(attention, exp, tmp_path):
     """exp="ftz": every softmax exponential is ex2.approx.ftz.f32 (what exp2f becomes
     under --use_fast_math); exp2f without it is ex2.approx.f32, which ptxas wraps in a
-    denormal path."""
+    denormal path. exp="poly": the same, but the scores' exponentials go to the
+    polynomial in one column group of POLY_GROUPS, chosen by the register index of an
+    unrolled loop (no thread index: the choice is made at compile time)."""
     params = {**ATTN_PARAMS, "persistent": True, "exp": exp, "mma": "sync"}
     task = Task.make(attention, {**ATTN_PROBLEM, "D": 64})
     func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
     source = compiler.compile_kernel(func).get_kernel_source()
-    calls = re.findall(r"\b(exp2f|__expf|ws_tune_ex2_ftz)\(", source)
-    assert calls and set(calls) == ({"ws_tune_ex2_ftz"} if exp == "ftz" else {"exp2f"})
-    assert ("ex2.approx.ftz.f32" in source) == (exp == "ftz")
+    calls = re.findall(r"\b(exp2f|__expf|ws_tune_ex2_ftz|ws_tune_ex2_poly)\(", source)
+    expected = {"exp2": {"exp2f"}, "ftz": {"ws_tune_ex2_ftz"}, "poly": {"ws_tune_ex2_ftz", "ws_tune_ex2_poly"}}[exp]
+    assert calls and set(calls) == expected
+    assert ("ex2.approx.ftz.f32" in source) == (exp != "exp2")
+    if exp == "poly":
+        # Each copy of the K/V loop: `#pragma unroll`, `for (...; i < 64; ...)`, the column-group test, the call.
+        tests = re.findall(r"#pragma unroll\s+for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{\s+float \w+;\s+if \((.*)\) \{\s+\w+ = ws_tune_ex2_poly\(", source)
+        assert tests and len(tests) == source.count("= ws_tune_ex2_poly(")  # every call, one per loop copy
+        groups = attention.module.POLY_GROUPS
+        for var, extent, test in tests:
+            assert "threadIdx" not in test and re.findall(r"[A-Za-z_]\w*", test) == [var], test
+            on_fma = [eval(re.sub(rf"\b{var}\b", str(r), test.replace("&&", " and ").replace("||", " or "))) for r in range(int(extent))]
+            assert sum(on_fma) * groups == int(extent)  # one register in POLY_GROUPS
+
+
+def test_attention_poly_exponential_is_within_fp16_rounding():
+    """exp="poly": the device function ws_tune_ex2_poly emulated in numpy (float32, the
+    floor by the 1.5 * 2^23 shift, the integer part added into the exponent bits) is
+    within 1e-4 of 2^x over the max-subtracted scores x in [-126, 0] (fp16 rounds at
+    4.9e-4), and gives 0 for masked scores (-inf, clamped to -127)."""
+    import numpy as np
+    module = load_kernel(ATTENTION).module
+    c = np.array(module.EX2_POLY_COEFFS, dtype=np.float32)
+    assert c.astype(np.float64).tolist() == list(module.EX2_POLY_COEFFS)  # the source's literals are these fp32 values exactly
+
+    def ex2_poly(x):
+        x = np.maximum(x.astype(np.float32), np.float32(-127))
+        shift = np.float32(1.5 * 2**23)
+        shifted = shift + np.floor(x)  # __fadd_rd(x, shift): exact, as floor(x) fits the mantissa
+        f = x - (shifted - shift)
+        assert ((f >= 0) & (f < 1)).all()
+        p = ((c[3] * f + c[2]) * f + c[1]) * f + c[0]
+        exponent = (shifted.view(np.uint32) << np.uint32(23)).view(np.int32)  # floor(x) << 23, the high bits gone
+        return (p.view(np.int32) + exponent).view(np.float32)
+
+    x = np.concatenate([np.linspace(-126, 0, 1_000_001, dtype=np.float32), -np.arange(127, dtype=np.float32), np.float32([-0.0, -1e-7, 1e-7])])
+    error = np.abs(ex2_poly(x).astype(np.float64) / np.exp2(x.astype(np.float64)) - 1).max()
+    assert error < 1e-4, error
+    assert (ex2_poly(np.float32([-np.inf, -127, -1000])) == 0).all()
+    assert (ex2_poly(np.float32([-126.5])) < 2.0**-126).all()  # a denormal, not 2^x: nothing next to the row max's 1
 
 
 @pytest.mark.parametrize("reduce", ["row", "lane"])

@@ -41,7 +41,7 @@ GEMM_PARAMS = {"block_M": 128, "block_N": 256, "block_K": 64, "swizzle": 8}
 def attention_variants(spec, problem):
     """Each (mma, consumers, stages, persistent) at the first block sizes check()
     allows; three consumer warpgroups (block_M 192) where check() allows them; and
-    reduce="lane" with each mma and tile walk."""
+    reduce="lane" with each mma and tile walk, with exp="poly" and without."""
     for mma, consumers, stages, persistent in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (1, 2), (False, True)):
         for block_N in (128, 64):
             params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers, "persistent": persistent}
@@ -56,6 +56,8 @@ def attention_variants(spec, problem):
         params = {"block_M": 128, "block_N": 128, "stages": 2, "mma": mma, "consumers": "cooperative", "persistent": persistent, "reduce": "lane"}
         if spec.check(problem, params, None) is None:
             yield params
+            # A quarter of the exponentials as a polynomial on the FMA pipe, masked (-inf) scores included.
+            yield {**params, "exp": "poly"}
 
 
 def gemm_variants():
