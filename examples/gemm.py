@@ -14,8 +14,9 @@ with a block_M x block_N tile, accumulator and shared-memory pipeline of its
 own (two roles cannot share a pipeline, so A and B are duplicated), taking
 turns over whole K loops through a named barrier: consumer 1 runs its K loop
 while consumer 0 writes its tile, so one's epilogue overlaps the other's
-MMAs. A block covers two tiles stacked along M; the producer loads consumer
-0's tile, then consumer 1's, the order of the turns.
+MMAs. A block covers two tiles stacked along M (the persistent kernel walks
+such pairs, each consumer its half of each); the producer loads consumer 0's
+tile, then consumer 1's, the order of the turns.
 
 ``mma="async"`` keeps one wgmma group in flight, as CUTLASS's
 warp-specialized kernels do: issue the wgmma of k-block k, wait until the
@@ -63,10 +64,10 @@ SEED_STAGES = 3
 PERSISTENT_BLOCKS = 132
 SMEM_LIMIT = 227 * 1024
 CONSUMER_NREG, PRODUCER_NREG = 232, 40  # 2 x 128 x 232 + 128 x 40 = 64,512 of the 64K-register pool
-# Ping-pong: the named barrier of consumer 1's turn (tilelang's own lowering
-# uses the low ids), shared by the two consumer warpgroups: 128 threads of
-# consumer 0 arrive on it, 128 of consumer 1 wait.
-TURN_BARRIER = 15
+# Ping-pong: the named barriers of consumer 0's and consumer 1's turns
+# (tilelang's own lowering uses the low ids), each shared by the two consumer
+# warpgroups: the 128 threads of one arrive, the 128 of the other wait.
+TURN_BARRIERS = (14, 15)
 TURN_THREADS = 256
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the accumulator (addresses, descriptors, loop state)
 
@@ -102,8 +103,6 @@ def _pingpong_reason(problem, params, schedule):
     bm, bn, bk = params["block_M"], params["block_N"], params["block_K"]
     if params.get("mma") == "async":
         return "consumers=pingpong with mma=async is not implemented (each consumer would need its own token pipeline and drain)"
-    if params.get("persistent"):
-        return "consumers=pingpong is not implemented in the persistent kernel"
     if problem["M"] % (2 * bm):
         return f"M={problem['M']} is not a multiple of 2 x block_M={2 * bm} (a ping-pong block covers two tiles along M)"
     # One warpgroup holds a whole fp32 accumulator: past the budget it spills (TILELANG-WS.md: about 5x slower).
@@ -161,6 +160,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     params = {"block_M": block_M, "block_N": block_N, "block_K": block_K, "epilogue": epilogue}
     if stages is None:
         stages = _pingpong_stages(params) if pingpong else SEED_STAGES
+    pair_count = -(-M // (2 * block_M)) * -(-N // block_N)  # tile pairs of the ping-pong kernel
 
     def schedule(A_shared, B_shared, token):
         """The seed: one TMA producer warp after the consumer warpgroups, one pipeline.
@@ -204,9 +204,12 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
         """The ping-pong seed: consumer 0's K loop, then consumer 1's while consumer 0 writes its tile.
 
         Each consumer waits for and frees stages of its own pipeline; the producer
-        fills consumer 0's, then consumer 1's, the order of the turns. Consumer 0
-        takes the first turn without waiting and passes it on after its K loop;
-        consumer 1 waits for it before its own.
+        fills consumer 0's, then consumer 1's, the order of the turns. A consumer
+        waits for its turn before its K loop and passes it on right after. One
+        block per tile pair: consumer 0 takes the first turn without waiting and
+        consumer 1 has none to pass on. Persistent: consumer 1 hands consumer 0
+        its first turn ("start1") and each later one but the last, and the
+        producer runs on into the next pair.
         """
         W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
         A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
@@ -216,11 +219,16 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             scopes.append(T.WSScope(f"loop_k{p}", {f"Consumer{p}": [W(pipe, 0), f"mma{p}", R(pipe, 0)],
                                                    "Producer": [A(pipe, 0), f"load_A{p}", f"load_B{p}", C(pipe, 0)]}))  # fmt: skip
             store = [f"stage_out{p}", f"store_out{p}"] if smem_epilogue else [f"store{p}"]
-            turn = ["pass0"] if p == 0 else ["turn1"]
-            main = [f"loop_k{p}", *turn] if p == 0 else [*turn, f"loop_k{p}"]
-            root[f"Consumer{p}"] = [f"clear{p}", *main, *store]
+            turn = [f"turn{p}"] if persistent or p == 1 else []
+            give = [f"pass{p}"] if persistent or p == 0 else []
+            root[f"Consumer{p}"] = [f"clear{p}", *turn, f"loop_k{p}", *give, *store]
         root["Producer"] = ["loop_k0", "loop_k1"]
-        scopes.append(T.WSScope(T.WSScope.ROOT, root))
+        if persistent:  # each role walks the tile pairs itself
+            pairs = {role: ["tile", *body, "next"] for role, body in root.items()}
+            start = {role: ["first", *(["start1"] if role == "Consumer1" else []), "loop_tiles"] for role in pairs}
+            scopes += [T.WSScope("loop_tiles", pairs), T.WSScope(T.WSScope.ROOT, start)]
+        else:
+            scopes.append(T.WSScope(T.WSScope.ROOT, root))
         group = consumer_warps // 2
         return T.WSSchedule(
             num_warps=consumer_warps + 4,
@@ -239,14 +247,15 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
         """First row of the tile: block row bm, or tile 2 bm + p of a ping-pong block's pair."""
         return bm * block_M if p == "" else (2 * bm + p) * block_M
 
-    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn, p=""):
+    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn, p="", pairs=None):
         """One output tile: the pipelined K loop, then the epilogue. ``p`` suffixes
-        the op ids: "" for the cooperative consumer, 0 or 1 for a ping-pong one."""
+        the op ids: "" for the cooperative consumer, 0 or 1 for a ping-pong one;
+        ``pairs`` is the persistent ping-pong kernel's tile-pair scheduler."""
         with T.ws_op(f"clear{p}"):
             T.clear(C_local)
-        if p == 1:
-            with T.ws_op("turn1"):  # consumer 1 waits for its turn at the tensor cores
-                T.sync_threads(TURN_BARRIER, TURN_THREADS)
+        if p == 1 or (p == 0 and persistent):
+            with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
+                T.sync_threads(TURN_BARRIERS[p], TURN_THREADS)
         for k in T.Pipelined(k_blocks, num_stages=stages, annotations={T.WSID: f"loop_k{p}"}):
             T.copy(A[first_row(bm, p), k * block_K], A_shared, annotations={T.WSID: f"load_A{p}"})
             if b_col:
@@ -273,7 +282,11 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: f"mma{p}"})
         if p == 0:
             with T.ws_op("pass0"):  # consumer 0's MMAs are done: consumer 1's turn, under this epilogue
-                T.named_barrier_arrive(TURN_BARRIER, TURN_THREADS)
+                T.named_barrier_arrive(TURN_BARRIERS[1], TURN_THREADS)
+        if p == 1 and persistent:
+            with T.ws_op("pass1"):  # consumer 0's turn in the block's next pair, if it has one: none is left over
+                if pairs.linear_idx + PERSISTENT_BLOCKS < pair_count:
+                    T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
         if smem_epilogue:  # two ops: the space may give the TMA store a role of its own
             T.copy(C_local, C_shared, annotations={T.WSID: f"stage_out{p}"})
             T.copy(C_shared, C[first_row(bm, p), bn * block_N], annotations={T.WSID: f"store_out{p}"})
@@ -318,7 +331,41 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                     with T.ws_op("next"):
                         tiles.next_tile()
 
-    if pingpong:  # defined only here: a prim_func is traced where it is defined
+    if pingpong and persistent:  # defined only here: a prim_func is traced where it is defined
+        @T.prim_func
+        def gemm_pingpong_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
+            with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block_id:
+                A_shared0 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared0 = T.alloc_shared(b_tile, dtype)
+                C_local0 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared0 = T.alloc_shared((block_M, block_N), dtype)
+                A_shared1 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared1 = T.alloc_shared(b_tile, dtype)
+                C_local1 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared1 = T.alloc_shared((block_M, block_N), dtype)
+                # Tile pairs, two tiles stacked along M: consumer p writes tile 2 m + p of pair (m, n).
+                pairs = T.PersistentTileScheduler(
+                    T.ceildiv(M, 2 * block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
+                    swizzle_size=max(swizzle, 1), column_major=False, name="pairs",
+                )  # fmt: skip
+                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0), (A_shared1, B_shared1)]))
+                with T.ws_op("first"):
+                    pairs.init(block_id)
+                with T.ws_op("start1"):  # consumer 0's first turn, if the block has a pair at all
+                    if pairs.valid():
+                        T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+                with T.ws_op("loop_tiles"):
+                    while pairs.valid():
+                        with T.ws_op("tile"):
+                            bm = pairs.m_idx
+                            bn = pairs.n_idx
+                        tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, None, bm, bn, 0, pairs)
+                        tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, None, bm, bn, 1, pairs)
+                        with T.ws_op("next"):
+                            pairs.next_tile()
+
+        return gemm_pingpong_persistent
+    if pingpong:
         @T.prim_func
         def gemm_pingpong(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
             # Two tiles per block, stacked along M: consumer p writes tile 2 by + p.
