@@ -120,7 +120,7 @@ def _pingpong_reason(problem, params, schedule):
         return f"a {bm}x{bn} fp32 accumulator in one warpgroup needs about {need} registers per thread, more than {budget}"
     # Shared memory at the schedule's depths; without one, at one stage (the seed takes as many as fit).
     depths = {b: p.depth for p in schedule.pipelines for b in p.buffers} if schedule is not None else {}
-    itemsize = 2
+    itemsize = 2  # fp16 and bf16
     smem = sum(itemsize * (bm * bk * depths.get(f"A_shared{c}", 1) + bk * bn * depths.get(f"B_shared{c}", 1)) for c in (0, 1))
     if params["epilogue"] == "smem":
         smem += 2 * itemsize * bm * bn  # C_shared0, C_shared1
@@ -224,9 +224,9 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             root[f"Consumer{p}"] = [f"clear{p}", *turn, f"loop_k{p}", *give, *store]
         root["Producer"] = ["loop_k0", "loop_k1"]
         if persistent:  # each role walks the tile pairs itself
-            pairs = {role: ["tile", *body, "next"] for role, body in root.items()}
-            start = {role: ["first", *(["start1"] if role == "Consumer1" else []), "loop_tiles"] for role in pairs}
-            scopes += [T.WSScope("loop_tiles", pairs), T.WSScope(T.WSScope.ROOT, start)]
+            tile_bodies = {role: ["tile", *body, "next"] for role, body in root.items()}
+            start = {role: ["first", *(["start1"] if role == "Consumer1" else []), "loop_tiles"] for role in tile_bodies}
+            scopes += [T.WSScope("loop_tiles", tile_bodies), T.WSScope(T.WSScope.ROOT, start)]
         else:
             scopes.append(T.WSScope(T.WSScope.ROOT, root))
         group = consumer_warps // 2
