@@ -6,8 +6,9 @@ beside the vendor libraries (run it on the GPU machine; about 4 minutes).
 
 1. Builds the seed schedule of each kernel-side variant (attention: sync or
    async wgmma x cooperative or ping-pong consumers x one block per tile or
-   persistent; GEMM: sync or async x
-   one block per tile or persistent), and tilelang's default and role_based
+   persistent; GEMM: sync or async x one block per tile or persistent, and
+   sync ping-pong consumers (128x128 tiles) x one block per tile pair or
+   persistent), and tilelang's default and role_based
    lowerings of the plain sync point, in a pool of ``--jobs`` processes.
 2. Checks each on the GPU against the kernel file's reference with ws-tune's
    isolated runner: a crash or a hang costs that variant only.
@@ -88,6 +89,10 @@ def variant_params(kernel: str, allowed: Callable[[dict[str, Any]], bool]) -> li
     else:
         for mma, persistent in itertools.product(("sync", "async"), (False, True)):
             out.append({**GEMM_TILE, "mma": mma, "persistent": persistent})
+        for persistent in (False, True):  # one warpgroup holds a ping-pong consumer's whole accumulator: 128x128
+            params = {**GEMM_TILE, "block_N": 128, "mma": "sync", "consumers": "pingpong", "persistent": persistent}
+            if allowed(params):
+                out.append(params)
     return out
 
 

@@ -7,6 +7,17 @@ wgmma into a register accumulator and write C, directly from registers or
 through shared memory and a TMA store. Its hand-written WSSchedule is the
 seed that ws-tune varies; the contract is in ws_tuner/kernel.py.
 
+``consumers``: "cooperative" is one consumer role of two warpgroups sharing
+each block_M x block_N tile; "pingpong" is CUTLASS's
+KernelTmaWarpSpecializedPingpong: two consumer roles of one warpgroup, each
+with a block_M x block_N tile, accumulator and shared-memory pipeline of its
+own (two roles cannot share a pipeline, so A and B are duplicated), taking
+turns over whole K loops through a named barrier: consumer 1 runs its K loop
+while consumer 0 writes its tile, so one's epilogue overlaps the other's
+MMAs. A block covers two tiles stacked along M (the persistent kernel walks
+such pairs, each consumer its half of each); the producer loads consumer 0's
+tile, then consumer 1's, the order of the turns.
+
 ``mma="async"`` keeps one wgmma group in flight, as CUTLASS's
 warp-specialized kernels do: issue the wgmma of k-block k, wait until the
 one of k-1 is done, then free k-1's stage. A pipeline's wait and release
@@ -38,10 +49,12 @@ PARAMS = {
     "epilogue": ["direct", "smem"],  # C from registers, or staged in shared memory + TMA store
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
     "mma": ["sync", "async"],  # T.gemm (wgmma + wait<0>), or one wgmma group kept in flight
+    "consumers": ["cooperative", "pingpong"],  # two warpgroups on one tile, or one each on its own tile, taking turns
 }
-# The async form's stage protocol lives in the seed schedule alone: tilelang's
-# own lowerings are built as baselines from the sync form only.
-SCHEDULED_ONLY = {"mma": ["async"]}
+# The async form's stage protocol and the ping-pong turns live in the seed
+# schedule alone: tilelang's own lowerings are built as baselines from the sync
+# cooperative form only.
+SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["pingpong"]}
 OUTPUTS = [2]
 TOLERANCE = 1e-2
 SEED_STAGES = 3
@@ -49,15 +62,30 @@ SEED_STAGES = 3
 # kernel is correct for any count; it is a grid size, not a device query, so
 # that kernels build the same on a machine without a GPU.
 PERSISTENT_BLOCKS = 132
+SMEM_LIMIT = 227 * 1024
+CONSUMER_NREG, PRODUCER_NREG = 232, 40  # 2 x 128 x 232 + 128 x 40 = 64,512 of the 64K-register pool
+# Ping-pong: the named barriers of consumer 0's and consumer 1's turns
+# (tilelang's own lowering uses the low ids), each shared by the two consumer
+# warpgroups: the 128 threads of one arrive, the 128 of the other wait.
+TURN_BARRIERS = (14, 15)
+TURN_THREADS = 256
+REGISTER_OVERHEAD = 32  # per consumer thread beyond the accumulator (addresses, descriptors, loop state)
+
+
+def _consumer_roles(params):
+    return ["Consumer0", "Consumer1"] if params.get("consumers") == "pingpong" else ["Consumer"]
 
 
 def check(problem, params, schedule):
     """Refuses tiles that do not divide the problem or split over the consumer
-    warps, and async schedules that break the token protocol."""
+    warps, async schedules that break the token protocol, and ping-pong tiles
+    that do not fit one warpgroup's registers or the SM's shared memory."""
     for dim in ("M", "N", "K"):
         block = params[f"block_{dim}"]
         if problem[dim] % block:
             return f"{dim}={problem[dim]} is not a multiple of block_{dim}={block}"
+    if params.get("consumers") == "pingpong":
+        return _pingpong_reason(problem, params, schedule)
     if schedule is not None:
         # T.gemm spreads the tile over the consumer's warps: m_warp (a multiple
         # of 4 for wgmma) times n_warp warps, each owning 16k rows and 8k columns.
@@ -70,6 +98,45 @@ def check(problem, params, schedule):
     return None
 
 
+def _pingpong_reason(problem, params, schedule):
+    """Ping-pong: two tiles per block, one warpgroup and one pipeline per consumer."""
+    bm, bn, bk = params["block_M"], params["block_N"], params["block_K"]
+    if params.get("mma") == "async":
+        return "consumers=pingpong with mma=async is not implemented (each consumer would need its own token pipeline and drain)"
+    if problem["M"] % (2 * bm):
+        return f"M={problem['M']} is not a multiple of 2 x block_M={2 * bm} (a ping-pong block covers two tiles along M)"
+    # One warpgroup holds a whole fp32 accumulator: past the budget it spills (TILELANG-WS.md: about 5x slower).
+    need = bm * bn // 128 + REGISTER_OVERHEAD
+    budget = CONSUMER_NREG
+    if schedule is not None:
+        consumers = [r for r in schedule.roles if r.name in _consumer_roles(params)]
+        if len(consumers) != 2:
+            return "the schedule lacks the kernel's consumer roles"
+        for role in consumers:
+            if role.warps != 4:
+                return f"a ping-pong turn is one warpgroup per consumer (a named barrier of {TURN_THREADS} threads); {role.name} has {role.warps} warps"
+            budget = min(budget, role.max_nreg or min(255, 65536 // (32 * schedule.num_warps)))
+    if need > budget:
+        return f"a {bm}x{bn} fp32 accumulator in one warpgroup needs about {need} registers per thread, more than {budget}"
+    # Shared memory at the schedule's depths; without one, at one stage (the seed takes as many as fit).
+    depths = {b: p.depth for p in schedule.pipelines for b in p.buffers} if schedule is not None else {}
+    itemsize = 2  # fp16 and bf16
+    smem = sum(itemsize * (bm * bk * depths.get(f"A_shared{c}", 1) + bk * bn * depths.get(f"B_shared{c}", 1)) for c in (0, 1))
+    if params["epilogue"] == "smem":
+        smem += 2 * itemsize * bm * bn  # C_shared0, C_shared1
+    if smem > SMEM_LIMIT:
+        return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
+    return None
+
+
+def _pingpong_stages(params):
+    """The ping-pong seed's depth: SEED_STAGES, or as many as fit (two pipelines share the SM)."""
+    bm, bn, bk = params["block_M"], params["block_N"], params["block_K"]
+    c_bytes = 2 * 2 * bm * bn if params["epilogue"] == "smem" else 0
+    fit = (SMEM_LIMIT - c_bytes) // (2 * 2 * (bm * bk + bk * bn))
+    return max(1, min(SEED_STAGES, fit))
+
+
 def _token_reason(schedule):
     """The async protocol: the token in a pipeline of its own, waited for one stage after A and B."""
     if any("token" in p.buffers and len(p.buffers) > 1 for p in schedule.pipelines):
@@ -80,7 +147,7 @@ def _token_reason(schedule):
     return None
 
 
-def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", stages=SEED_STAGES, consumer_warps=8):
+def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", consumers="cooperative", stages=None, consumer_warps=8):
     M, N, K = problem["M"], problem["N"], problem["K"]
     dtype, accum = problem["dtype"], "float32"
     b_col = problem["b_layout"] == "col"
@@ -89,6 +156,11 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     smem_epilogue = epilogue == "smem"
     k_blocks = T.ceildiv(K, block_K)
     asynchronous = mma == "async"
+    pingpong = consumers == "pingpong"
+    params = {"block_M": block_M, "block_N": block_N, "block_K": block_K, "epilogue": epilogue}
+    if stages is None:
+        stages = _pingpong_stages(params) if pingpong else SEED_STAGES
+    pair_count = -(-M // (2 * block_M)) * -(-N // block_N)  # tile pairs of the ping-pong kernel
 
     def schedule(A_shared, B_shared, token):
         """The seed: one TMA producer warp after the consumer warpgroups, one pipeline.
@@ -121,23 +193,75 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
         return T.WSSchedule(
             num_warps=consumer_warps + 4,
             roles=[
-                T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=232),
-                T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=40),
+                T.WSRole("Consumer", warps_lo=0, warps_hi=consumer_warps, max_nreg=CONSUMER_NREG),
+                T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=PRODUCER_NREG),
             ],
             pipelines=pipelines,
             scopes=scopes,
         )
 
-    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn):
-        """One output tile: the pipelined K loop, then the epilogue."""
-        with T.ws_op("clear"):
+    def pingpong_schedule(buffers):
+        """The ping-pong seed: consumer 0's K loop, then consumer 1's while consumer 0 writes its tile.
+
+        Each consumer waits for and frees stages of its own pipeline; the producer
+        fills consumer 0's, then consumer 1's, the order of the turns. A consumer
+        waits for its turn before its K loop and passes it on right after. One
+        block per tile pair: consumer 0 takes the first turn without waiting and
+        consumer 1 has none to pass on. Persistent: consumer 1 hands consumer 0
+        its first turn ("start1") and each later one but the last, and the
+        producer runs on into the next pair.
+        """
+        W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
+        A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
+        scopes, root = [], {}
+        for p, (A_shared, B_shared) in enumerate(buffers):
+            pipe = f"smem{p}"
+            scopes.append(T.WSScope(f"loop_k{p}", {f"Consumer{p}": [W(pipe, 0), f"mma{p}", R(pipe, 0)],
+                                                   "Producer": [A(pipe, 0), f"load_A{p}", f"load_B{p}", C(pipe, 0)]}))  # fmt: skip
+            store = [f"stage_out{p}", f"store_out{p}"] if smem_epilogue else [f"store{p}"]
+            turn = [f"turn{p}"] if persistent or p == 1 else []
+            give = [f"pass{p}"] if persistent or p == 0 else []
+            root[f"Consumer{p}"] = [f"clear{p}", *turn, f"loop_k{p}", *give, *store]
+        root["Producer"] = ["loop_k0", "loop_k1"]
+        if persistent:  # each role walks the tile pairs itself
+            tile_bodies = {role: ["tile", *body, "next"] for role, body in root.items()}
+            start = {role: ["first", *(["start1"] if role == "Consumer1" else []), "loop_tiles"] for role in tile_bodies}
+            scopes += [T.WSScope("loop_tiles", tile_bodies), T.WSScope(T.WSScope.ROOT, start)]
+        else:
+            scopes.append(T.WSScope(T.WSScope.ROOT, root))
+        group = consumer_warps // 2
+        return T.WSSchedule(
+            num_warps=consumer_warps + 4,
+            roles=[
+                T.WSRole("Consumer0", warps_lo=0, warps_hi=group, max_nreg=CONSUMER_NREG),
+                T.WSRole("Consumer1", warps_lo=group, warps_hi=consumer_warps, max_nreg=CONSUMER_NREG),
+                T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=PRODUCER_NREG),
+            ],
+            pipelines=[T.WSPipeline(f"smem{p}", list(bufs), depth=stages) for p, bufs in enumerate(buffers)],
+            scopes=scopes,
+        )
+
+    # An index expression is a Python helper, not an argument of the macro: an
+    # expression argument would be bound, a statement of its own to be placed in every role.
+    def first_row(bm, p):
+        """First row of the tile: block row bm, or tile 2 bm + p of a ping-pong block's pair."""
+        return bm * block_M if p == "" else (2 * bm + p) * block_M
+
+    def tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn, p="", pairs=None):
+        """One output tile: the pipelined K loop, then the epilogue. ``p`` suffixes
+        the op ids: "" for the cooperative consumer, 0 or 1 for a ping-pong one;
+        ``pairs`` is the persistent ping-pong kernel's tile-pair scheduler."""
+        with T.ws_op(f"clear{p}"):
             T.clear(C_local)
-        for k in T.Pipelined(k_blocks, num_stages=stages, annotations={T.WSID: "loop_k"}):
-            T.copy(A[bm * block_M, k * block_K], A_shared, annotations={T.WSID: "load_A"})
+        if p == 1 or (p == 0 and persistent):
+            with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
+                T.sync_threads(TURN_BARRIERS[p], TURN_THREADS)
+        for k in T.Pipelined(k_blocks, num_stages=stages, annotations={T.WSID: f"loop_k{p}"}):
+            T.copy(A[first_row(bm, p), k * block_K], A_shared, annotations={T.WSID: f"load_A{p}"})
             if b_col:
-                T.copy(B[bn * block_N, k * block_K], B_shared, annotations={T.WSID: "load_B"})
+                T.copy(B[bn * block_N, k * block_K], B_shared, annotations={T.WSID: f"load_B{p}"})
             else:
-                T.copy(B[k * block_K, bn * block_N], B_shared, annotations={T.WSID: "load_B"})
+                T.copy(B[k * block_K, bn * block_N], B_shared, annotations={T.WSID: f"load_B{p}"})
             if asynchronous:
                 with T.ws_op("token"):
                     token[0] = k
@@ -155,12 +279,19 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                     if k == k_blocks - 1:
                         T.wait_wgmma(0)
             else:
-                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: f"mma{p}"})
+        if p == 0:
+            with T.ws_op("pass0"):  # consumer 0's MMAs are done: consumer 1's turn, under this epilogue
+                T.named_barrier_arrive(TURN_BARRIERS[1], TURN_THREADS)
+        if p == 1 and persistent:
+            with T.ws_op("pass1"):  # consumer 0's turn in the block's next pair, if it has one: none is left over
+                if pairs.linear_idx + PERSISTENT_BLOCKS < pair_count:
+                    T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
         if smem_epilogue:  # two ops: the space may give the TMA store a role of its own
-            T.copy(C_local, C_shared, annotations={T.WSID: "stage_out"})
-            T.copy(C_shared, C[bm * block_M, bn * block_N], annotations={T.WSID: "store_out"})
+            T.copy(C_local, C_shared, annotations={T.WSID: f"stage_out{p}"})
+            T.copy(C_shared, C[first_row(bm, p), bn * block_N], annotations={T.WSID: f"store_out{p}"})
         else:
-            T.copy(C_local, C[bm * block_M, bn * block_N], annotations={T.WSID: "store"})
+            T.copy(C_local, C[first_row(bm, p), bn * block_N], annotations={T.WSID: f"store{p}"})
 
     tile = T.macro(tile)
 
@@ -200,6 +331,60 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                     with T.ws_op("next"):
                         tiles.next_tile()
 
+    if pingpong and persistent:  # defined only here: a prim_func is traced where it is defined
+        @T.prim_func
+        def gemm_pingpong_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
+            with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block_id:
+                A_shared0 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared0 = T.alloc_shared(b_tile, dtype)
+                C_local0 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared0 = T.alloc_shared((block_M, block_N), dtype)
+                A_shared1 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared1 = T.alloc_shared(b_tile, dtype)
+                C_local1 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared1 = T.alloc_shared((block_M, block_N), dtype)
+                # Tile pairs, two tiles stacked along M: consumer p writes tile 2 m + p of pair (m, n).
+                pairs = T.PersistentTileScheduler(
+                    T.ceildiv(M, 2 * block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
+                    swizzle_size=max(swizzle, 1), column_major=False, name="pairs",
+                )  # fmt: skip
+                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0), (A_shared1, B_shared1)]))
+                with T.ws_op("first"):
+                    pairs.init(block_id)
+                with T.ws_op("start1"):  # consumer 0's first turn, if the block has a pair at all
+                    if pairs.valid():
+                        T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+                with T.ws_op("loop_tiles"):
+                    while pairs.valid():
+                        with T.ws_op("tile"):
+                            bm = pairs.m_idx
+                            bn = pairs.n_idx
+                        tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, None, bm, bn, 0, pairs)
+                        tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, None, bm, bn, 1, pairs)
+                        with T.ws_op("next"):
+                            pairs.next_tile()
+
+        return gemm_pingpong_persistent
+    if pingpong:
+        @T.prim_func
+        def gemm_pingpong(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
+            # Two tiles per block, stacked along M: consumer p writes tile 2 by + p.
+            with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, 2 * block_M), threads=consumer_warps * 32) as (bx, by):
+                # Buffers take the names of the variables they are bound to: each consumer's their own.
+                A_shared0 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared0 = T.alloc_shared(b_tile, dtype)
+                C_local0 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared0 = T.alloc_shared((block_M, block_N), dtype)
+                A_shared1 = T.alloc_shared((block_M, block_K), dtype)
+                B_shared1 = T.alloc_shared(b_tile, dtype)
+                C_local1 = T.alloc_fragment((block_M, block_N), accum)
+                C_shared1 = T.alloc_shared((block_M, block_N), dtype)
+                T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
+                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0), (A_shared1, B_shared1)]))
+                tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, None, by, bx, 0)
+                tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, None, by, bx, 1)
+
+        return gemm_pingpong
     return gemm_persistent if persistent else gemm
 
 

@@ -49,7 +49,7 @@ def gemm_task(gemm_spec):
 
     # The sync form: enough for the tests that use it, and half the space to walk
     # (test_space.py and test_example_kernels.py cover the async seed).
-    return Task.make(gemm_spec, gemm_spec.parse_problem(SHAPE), gemm_spec.parse_params("mma=sync"))
+    return Task.make(gemm_spec, gemm_spec.parse_problem(SHAPE), gemm_spec.parse_params("mma=sync,consumers=cooperative"))
 
 
 def pytest_collection_modifyitems(config, items):

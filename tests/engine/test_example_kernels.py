@@ -117,6 +117,20 @@ def test_every_allowed_gemm_async_variant_verifies(gemm):
         verify(func, seed)
 
 
+def test_every_allowed_gemm_pingpong_variant_verifies(gemm):
+    """Both tile walks and epilogues, both K blocks: one warpgroup per consumer fits a 128x128 accumulator."""
+    grid = {**{k: (v,) for k, v in GEMM_PARAMS.items()}, "block_N": (128, 256), "consumers": ("pingpong",), "persistent": (False, True),
+            "epilogue": ("direct", "smem"), "block_K": (64, 128)}  # fmt: skip
+    variants = list(allowed_variants(gemm, GEMM_PROBLEM, grid))
+    assert {p["block_N"] for p, _, _ in variants} == {128}  # 128x256 needs 256 registers a thread
+    assert len(variants) == 8
+    for params, func, seed in variants:
+        assert {r.name: r.warps for r in seed.roles} == {"Consumer0": 4, "Consumer1": 4, "Producer": 1}
+        # Each consumer its own pipeline, over buffers of its own.
+        assert {p.name: p.buffers for p in seed.pipelines} == {"smem0": ("A_shared0", "B_shared0"), "smem1": ("A_shared1", "B_shared1")}
+        verify(func, seed)
+
+
 # --- check(): what cannot work is refused, with the reason -------------------
 
 
@@ -184,6 +198,43 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert "pipeline of its own" in gemm.check(GEMM_PROBLEM, params, one)
 
 
+GEMM_PINGPONG = {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong"}
+
+
+@pytest.mark.parametrize(
+    "problem, params, needle",
+    [
+        ({}, {}, None),
+        ({}, {"persistent": True, "epilogue": "smem", "block_K": 128}, None),
+        ({}, {"block_N": 256}, "registers"),  # a 128x256 fp32 accumulator in one warpgroup
+        ({}, {"block_M": 256}, "registers"),
+        ({}, {"mma": "async"}, "not implemented"),
+        ({"M": 4096 - 128}, {}, "2 x block_M"),  # a block covers two tiles along M
+        # Two consumers' A and B at one stage, 2 x 80 KB, and two 48 KB C tiles: over the SM.
+        ({"M": 4608}, {"block_M": 192, "block_K": 128, "epilogue": "smem"}, "shared memory"),
+        ({"M": 4608}, {"block_M": 192, "block_K": 128}, None),
+        ({}, {"block_M": 64, "block_N": 256, "block_K": 128, "epilogue": "smem"}, None),  # 160 KB + 2 x 32 KB
+    ],
+)
+def test_gemm_pingpong_check_refuses_what_cannot_work(gemm, problem, params, needle):
+    reason = gemm.check({**GEMM_PROBLEM, **problem}, {**GEMM_PINGPONG, **params}, None)
+    assert reason is None if needle is None else needle in reason
+
+
+def test_gemm_pingpong_check_refuses_schedules_that_cannot_fit(gemm):
+    seed = Task.make(gemm, GEMM_PROBLEM).point_info(GEMM_PINGPONG).seed
+    assert gemm.check(GEMM_PROBLEM, GEMM_PINGPONG, seed) is None
+    # Four stages of 32 KB for each consumer: 256 KB.
+    deep = seed.with_(pipelines=tuple(Pipeline(p.name, p.buffers, 4) for p in seed.pipelines))
+    assert "shared memory" in gemm.check(GEMM_PROBLEM, GEMM_PINGPONG, deep)
+    # The turns are named barriers of two warpgroups: one per consumer.
+    wide = seed.with_(num_warps=20, roles=(Role("Consumer0", 0, 8, 232), Role("Consumer1", 8, 16, 232), Role("Producer", 16, 17, 40)))
+    assert "one warpgroup per consumer" in gemm.check(GEMM_PROBLEM, GEMM_PINGPONG, wide)
+    # Under a lower register budget the 128x128 accumulator no longer fits.
+    tight = seed.with_(roles=tuple(Role(r.name, r.warp_lo, r.warp_hi, 152 if r.name != "Producer" else r.max_nreg) for r in seed.roles))
+    assert "registers" in gemm.check(GEMM_PROBLEM, GEMM_PINGPONG, tight)
+
+
 def test_role_splits_that_cannot_work_are_refused(attention):
     seed = Task.make(attention, ATTN_PROBLEM).point_info(ATTN_PARAMS).seed
     one_group = seed.with_(roles=tuple(Role(r.name, r.warp_lo, 4, r.max_nreg) if r.name == "Consumer" else r for r in seed.roles))
@@ -248,6 +299,7 @@ REPRESENTATIVE = [
     # The same with two Q buffers, the O store in the Storer warp and the inline-PTX exponential.
     (ATTENTION, {**ATTN_PROBLEM, "D": 64, "causal": 1}, {**ATTN_PARAMS, "persistent": True, "q_buffers": 2, "store": "role", "exp": "ftz"}),
     (GEMM, GEMM_PROBLEM, {**GEMM_PARAMS, "mma": "async", "persistent": True, "epilogue": "smem"}),
+    (GEMM, {**GEMM_PROBLEM, "b_layout": "col"}, {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong", "epilogue": "smem"}),
 ]
 
 
@@ -352,7 +404,8 @@ def test_examples_check_plans_each_variant_and_its_baselines(monkeypatch):
             assert [r.params["persistent"] for r in group if r.kind == "tilelang"] == [False, False]
             assert [r.label for r in group if r.kind == "vendor"] == ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
         else:
-            assert {(r.params["mma"], r.params["persistent"]) for r in variants} == set(itertools.product(("sync", "async"), (False, True)))
+            assert {(r.params["mma"], r.params["persistent"], r.params.get("consumers", "cooperative")) for r in variants} == set(
+                itertools.product(("sync", "async"), (False, True), ("cooperative",))) | {("sync", p, "pingpong") for p in (False, True)}  # fmt: skip
             assert [r.label for r in group if r.kind == "vendor"] == ["cublas"]
 
 
@@ -471,3 +524,43 @@ def test_attention_lane_reduce_defers_the_row_sum(attention, reduce):
         assert len(sums) == len(maxes)  # one per copy of the loop body
     else:
         assert len(sums) == 1 and sums[0] > max(maxes)  # the epilogue's, after every step's max
+
+
+# --- ping-pong GEMM: turns around whole K loops, a pipeline per consumer -----
+
+
+def _ordered(text: str, *needles: str) -> list[int]:
+    """Positions of each needle in text, each searched after the previous one (-1: missing)."""
+    out, at = [], 0
+    for needle in needles:
+        at = text.find(needle, at)
+        out.append(at)
+        if at < 0:
+            break
+    return out
+
+
+def test_pingpong_gemm_takes_turns_over_whole_k_loops(gemm):
+    """The persistent ping-pong GEMM's generated code: each consumer waits for its turn
+    before its whole K loop and passes it on after the loop, before its epilogue; each
+    waits on and frees only its own pipeline's mbarriers."""
+    params = {**GEMM_PINGPONG, "persistent": True, "epilogue": "smem"}
+    task = Task.make(gemm, GEMM_PROBLEM)
+    func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
+    source = compiler.compile_kernel(func).get_kernel_source()
+    turn0, turn1 = (f"tl::__sync_thread_partial({b}, 256)" for b in gemm.module.TURN_BARRIERS)
+    pass0, pass1 = (f"tl::__named_barrier_arrive({b}, 256)" for b in (gemm.module.TURN_BARRIERS[1], gemm.module.TURN_BARRIERS[0]))
+    # The role branches, in warp order: consumer 0, consumer 1, the producer.
+    starts = [source.index(f"if (((int)threadIdx.x) < {n})") for n in (128, 256, 288)]
+    consumer0, consumer1 = source[starts[0] : starts[1]], source[starts[1] : starts[2]]
+    for p, (code, turn, give) in enumerate(((consumer0, turn0, pass0), (consumer1, turn1, pass1))):
+        mine, other = f"smem{p}", f"smem{1 - p}"
+        assert other not in code
+        loop = code.index("for (int k")
+        last_release = code.rindex(f"{mine}_empty[")
+        assert -1 not in _ordered(code, turn, "for (int k", f"{mine}_full[", f"{mine}_empty[", give, "tl::tma_store(")
+        assert code.count(turn) == 1 and code.rindex(turn) < loop  # one wait, before the K loop
+        assert last_release < code.rindex(give) < code.index("tl::tma_store(")  # passed on after it, before the epilogue
+    assert consumer1.index(pass1) < consumer1.index(turn1)  # start1: consumer 0's first turn, before consumer 1's loop
+    assert source.count(turn0) == source.count(turn1) == 1
+

@@ -25,7 +25,7 @@ from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
-GEMM_PARAMS = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
+GEMM_PARAMS = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("consumers", "cooperative"), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
 # The seed shapes of the issue, as small kernels of their own (tests/data), and the problems they run at.
 SEEDS = {
     "flash_fwd.py": "S=1024",  # producer warp + consumer warpgroups, Q in a root-scope pipeline, V a stage behind K
@@ -98,7 +98,7 @@ def test_a_sampled_count_is_an_estimate_scaled_to_the_grid(space, count):
 
 def test_all_axes_vary(gemm_spec):
     # M=3072 admits block_M=192, the one tile three consumer warpgroups can split.
-    grid = {**gemm_spec.params, "mma": ("sync",), "swizzle": (8,)}
+    grid = {**gemm_spec.params, "mma": ("sync",), "consumers": ("cooperative",), "swizzle": (8,)}
     space = Task.make(gemm_spec, gemm_spec.parse_problem("M=3072,N=4096,K=4096"), grid).space()
     seen: dict[str, set] = {"roles": set(), "layout": set(), "depths": set(), "stages": set(), "nregs": set()}
     for point, _ in space.walk():
