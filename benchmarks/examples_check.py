@@ -89,8 +89,8 @@ def variant_params(kernel: str, allowed: Callable[[dict[str, Any]], bool]) -> li
     else:
         for mma, persistent in itertools.product(("sync", "async"), (False, True)):
             out.append({**GEMM_TILE, "mma": mma, "persistent": persistent})
-        for persistent in (False, True):  # one warpgroup holds a ping-pong consumer's whole accumulator: 128x128
-            params = {**GEMM_TILE, "block_N": 128, "mma": "sync", "consumers": "pingpong", "persistent": persistent}
+        for mma, persistent in itertools.product(("sync", "async"), (False, True)):  # one warpgroup holds a ping-pong consumer's whole accumulator: 128x128
+            params = {**GEMM_TILE, "block_N": 128, "mma": mma, "consumers": "pingpong", "persistent": persistent}
             if allowed(params):
                 out.append(params)
     return out

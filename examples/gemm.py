@@ -25,9 +25,11 @@ share one stage, and an async wgmma still reads its stage after the release
 that follows its issue, so a second pipeline over a 4-byte token carries
 the late release: the producer refills a stage only once it holds that
 stage's token too, and the consumer frees the token one stage behind, after
-the wait that retires the wgmma. The plain program (what tilelang's own
-lowerings build from it) does not know this protocol: only the sync form is
-a fair input to them.
+the wait that retires the wgmma. In ping-pong each consumer has a token
+pipeline of its own beside its A/B pipeline, and passes the turn on only
+after its K loop's last wait<0>: the tile it hands over is complete. The
+plain program (what tilelang's own lowerings build from it) does not know
+this protocol: only the sync form is a fair input to them.
 
 With ``epilogue="smem"`` the epilogue is two ops, registers -> shared
 ("stage_out") and a TMA store to global ("store_out"): in the persistent
@@ -69,6 +71,11 @@ CONSUMER_NREG, PRODUCER_NREG = 232, 40  # 2 x 128 x 232 + 128 x 40 = 64,512 of t
 # warpgroups: the 128 threads of one arrive, the 128 of the other wait.
 TURN_BARRIERS = (14, 15)
 TURN_THREADS = 256
+TOKEN_BYTES = 4  # the async form's token: one int32 per stage
+# The async form frees a stage's token one k-block late: with one stage the producer
+# would wait for a token that the consumer frees only after the next k-block's data,
+# which the producer has yet to load (MaterializeWSSchedule reports the deadlock).
+ASYNC_MIN_STAGES = 2
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the accumulator (addresses, descriptors, loop state)
 
 
@@ -99,10 +106,8 @@ def check(problem, params, schedule):
 
 
 def _pingpong_reason(problem, params, schedule):
-    """Ping-pong: two tiles per block, one warpgroup and one pipeline per consumer."""
+    """Ping-pong: two tiles per block, one warpgroup and pipelines of its own per consumer."""
     bm, bn, bk = params["block_M"], params["block_N"], params["block_K"]
-    if params.get("mma") == "async":
-        return "consumers=pingpong with mma=async is not implemented (each consumer would need its own token pipeline and drain)"
     if problem["M"] % (2 * bm):
         return f"M={problem['M']} is not a multiple of 2 x block_M={2 * bm} (a ping-pong block covers two tiles along M)"
     # One warpgroup holds a whole fp32 accumulator: past the budget it spills (TILELANG-WS.md: about 5x slower).
@@ -118,32 +123,48 @@ def _pingpong_reason(problem, params, schedule):
             budget = min(budget, role.max_nreg or min(255, 65536 // (32 * schedule.num_warps)))
     if need > budget:
         return f"a {bm}x{bn} fp32 accumulator in one warpgroup needs about {need} registers per thread, more than {budget}"
-    # Shared memory at the schedule's depths; without one, at one stage (the seed takes as many as fit).
+    # Shared memory at the schedule's depths; without one, at the fewest stages the
+    # form needs (the seed takes as many as fit).
+    fewest = _min_stages(params)
     depths = {b: p.depth for p in schedule.pipelines for b in p.buffers} if schedule is not None else {}
     itemsize = 2  # fp16 and bf16
-    smem = sum(itemsize * (bm * bk * depths.get(f"A_shared{c}", 1) + bk * bn * depths.get(f"B_shared{c}", 1)) for c in (0, 1))
+    smem = sum(itemsize * (bm * bk * depths.get(f"A_shared{c}", fewest) + bk * bn * depths.get(f"B_shared{c}", fewest)) for c in (0, 1))
+    if params.get("mma") == "async":
+        smem += sum(TOKEN_BYTES * depths.get(f"token{c}", fewest) for c in (0, 1))
     if params["epilogue"] == "smem":
         smem += 2 * itemsize * bm * bn  # C_shared0, C_shared1
     if smem > SMEM_LIMIT:
         return f"{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
+    if params.get("mma") == "async" and schedule is not None:
+        return _token_reason(schedule, 0) or _token_reason(schedule, 1)
     return None
 
 
+def _min_stages(params):
+    return ASYNC_MIN_STAGES if params.get("mma") == "async" else 1
+
+
 def _pingpong_stages(params):
-    """The ping-pong seed's depth: SEED_STAGES, or as many as fit (two pipelines share the SM)."""
+    """The ping-pong seed's depth: SEED_STAGES, or as many as fit (two consumers' pipelines share the SM)."""
     bm, bn, bk = params["block_M"], params["block_N"], params["block_K"]
     c_bytes = 2 * 2 * bm * bn if params["epilogue"] == "smem" else 0
-    fit = (SMEM_LIMIT - c_bytes) // (2 * 2 * (bm * bk + bk * bn))
-    return max(1, min(SEED_STAGES, fit))
+    token = TOKEN_BYTES if params.get("mma") == "async" else 0
+    fit = (SMEM_LIMIT - c_bytes) // (2 * (2 * (bm * bk + bk * bn) + token))
+    return max(_min_stages(params), min(SEED_STAGES, fit))
 
 
-def _token_reason(schedule):
-    """The async protocol: the token in a pipeline of its own, waited for one stage after A and B."""
-    if any("token" in p.buffers and len(p.buffers) > 1 for p in schedule.pipelines):
-        return "mma=async needs the token in a pipeline of its own"
-    stages = schedule.consumer_stages("loop_k")
-    if {stages.get("A_shared"), stages.get("B_shared")} != {stages.get("token", 0) - 1}:
-        return "mma=async: the consumer must free the token one stage after A and B (it retires the wgmma that reads them)"
+def _token_reason(schedule, p=""):
+    """The async protocol of one consumer (``p``: "" for the cooperative one, 0 or 1
+    for a ping-pong one, the suffix of its buffers and K loop): its token in a
+    pipeline of its own, waited for one stage after its A and B."""
+    token, who = (("the token", "the consumer") if p == "" else (f"token{p}", f"Consumer{p}"))
+    if any(f"token{p}" in q.buffers and len(q.buffers) > 1 for q in schedule.pipelines):
+        return f"mma=async needs {token} in a pipeline of its own"
+    stages = schedule.consumer_stages(f"loop_k{p}")
+    if {stages.get(f"A_shared{p}"), stages.get(f"B_shared{p}")} != {stages.get(f"token{p}", 0) - 1}:
+        return f"mma=async: {who} must free {token} one stage after A and B (it retires the wgmma that reads them)"
+    if any(f"token{p}" in q.buffers and q.depth < ASYNC_MIN_STAGES for q in schedule.pipelines):
+        return f"mma=async needs {token} in {ASYNC_MIN_STAGES} stages or more (freed one k-block late, one stage deadlocks)"
     return None
 
 
@@ -157,13 +178,14 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     k_blocks = T.ceildiv(K, block_K)
     asynchronous = mma == "async"
     pingpong = consumers == "pingpong"
-    params = {"block_M": block_M, "block_N": block_N, "block_K": block_K, "epilogue": epilogue}
+    params = {"block_M": block_M, "block_N": block_N, "block_K": block_K, "epilogue": epilogue, "mma": mma}
     if stages is None:
         stages = _pingpong_stages(params) if pingpong else SEED_STAGES
     pair_count = -(-M // (2 * block_M)) * -(-N // block_N)  # tile pairs of the ping-pong kernel
 
-    def schedule(A_shared, B_shared, token):
-        """The seed: one TMA producer warp after the consumer warpgroups, one pipeline.
+    def k_loop(A_shared, B_shared, token, p=""):
+        """One consumer's K loop: its consumer and producer bodies and its pipelines,
+        op and pipeline names suffixed with ``p`` as in ``tile``.
 
         Async: the consumer releases "smem" as soon as the wgmma is issued, but
         the producer may refill a stage only once it also holds the "token"
@@ -172,14 +194,20 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
         """
         W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
         A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
+        smem, tok = f"smem{p}", f"token{p}"
+        pipelines = [T.WSPipeline(smem, [A_shared, B_shared], depth=stages)]
         if asynchronous:
-            consumer = [W("smem", 0), "mma", R("smem", 0), W("token", 1), "retire", R("token", 1)]
-            producer = [A("token", 0), "token", C("token", 0), A("smem", 0), "load_A", "load_B", C("smem", 0)]
-            pipelines = [T.WSPipeline("smem", [A_shared, B_shared], depth=stages), T.WSPipeline("token", [token], depth=stages)]
+            consumer = [W(smem, 0), f"mma{p}", R(smem, 0), W(tok, 1), f"retire{p}", R(tok, 1)]
+            producer = [A(tok, 0), f"token{p}", C(tok, 0), A(smem, 0), f"load_A{p}", f"load_B{p}", C(smem, 0)]
+            pipelines.append(T.WSPipeline(tok, [token], depth=stages))
         else:
-            consumer = [W("smem", 0), "mma", R("smem", 0)]
-            producer = [A("smem", 0), "load_A", "load_B", C("smem", 0)]
-            pipelines = [T.WSPipeline("smem", [A_shared, B_shared], depth=stages)]
+            consumer = [W(smem, 0), f"mma{p}", R(smem, 0)]
+            producer = [A(smem, 0), f"load_A{p}", f"load_B{p}", C(smem, 0)]
+        return consumer, producer, pipelines
+
+    def schedule(A_shared, B_shared, token):
+        """The seed: one TMA producer warp after the consumer warpgroups, one pipeline (two when async)."""
+        consumer, producer, pipelines = k_loop(A_shared, B_shared, token)
         loop_k = T.WSScope("loop_k", {"Consumer": consumer, "Producer": producer})
         store = ["stage_out", "store_out"] if smem_epilogue else ["store"]
         if persistent:  # each role walks the tiles itself; the producer runs ahead into the next tile
@@ -203,21 +231,21 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     def pingpong_schedule(buffers):
         """The ping-pong seed: consumer 0's K loop, then consumer 1's while consumer 0 writes its tile.
 
-        Each consumer waits for and frees stages of its own pipeline; the producer
-        fills consumer 0's, then consumer 1's, the order of the turns. A consumer
-        waits for its turn before its K loop and passes it on right after. One
+        ``buffers``: each consumer's (A_shared, B_shared, token). Each consumer
+        waits for and frees stages of its own pipelines; the producer fills
+        consumer 0's, then consumer 1's, the order of the turns. A consumer
+        waits for its turn before its K loop and passes it on right after
+        (async: after the loop's last wait<0>, its tile complete). One
         block per tile pair: consumer 0 takes the first turn without waiting and
         consumer 1 has none to pass on. Persistent: consumer 1 hands consumer 0
         its first turn ("start1") and each later one but the last, and the
         producer runs on into the next pair.
         """
-        W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
-        A, C = T.WSSync.producer_acquire, T.WSSync.producer_commit
-        scopes, root = [], {}
-        for p, (A_shared, B_shared) in enumerate(buffers):
-            pipe = f"smem{p}"
-            scopes.append(T.WSScope(f"loop_k{p}", {f"Consumer{p}": [W(pipe, 0), f"mma{p}", R(pipe, 0)],
-                                                   "Producer": [A(pipe, 0), f"load_A{p}", f"load_B{p}", C(pipe, 0)]}))  # fmt: skip
+        scopes, root, pipelines = [], {}, []
+        for p, (A_shared, B_shared, token) in enumerate(buffers):
+            consumer, producer, own = k_loop(A_shared, B_shared, token, p)
+            scopes.append(T.WSScope(f"loop_k{p}", {f"Consumer{p}": consumer, "Producer": producer}))
+            pipelines += own
             store = [f"stage_out{p}", f"store_out{p}"] if smem_epilogue else [f"store{p}"]
             turn = [f"turn{p}"] if persistent or p == 1 else []
             give = [f"pass{p}"] if persistent or p == 0 else []
@@ -237,7 +265,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 T.WSRole("Consumer1", warps_lo=group, warps_hi=consumer_warps, max_nreg=CONSUMER_NREG),
                 T.WSRole("Producer", warps_lo=consumer_warps, warps_hi=consumer_warps + 1, max_nreg=PRODUCER_NREG),
             ],
-            pipelines=[T.WSPipeline(f"smem{p}", list(bufs), depth=stages) for p, bufs in enumerate(buffers)],
+            pipelines=pipelines,
             scopes=scopes,
         )
 
@@ -263,16 +291,16 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             else:
                 T.copy(B[k * block_K, bn * block_N], B_shared, annotations={T.WSID: f"load_B{p}"})
             if asynchronous:
-                with T.ws_op("token"):
+                with T.ws_op(f"token{p}"):
                     token[0] = k
-                T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: "mma"})
+                T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: f"mma{p}"})
                 # Retires the wgmma of k-block k. It reads the token (which holds k), so
                 # the schedule runs it at the token's stage: after the next wgmma has
                 # been issued. The last k-block has no next one: it waits for all. The
                 # guards are on k, which the unrolled stages fold away; on the token's
                 # value they would be data-dependent, and ptxas would then serialize
                 # every wgmma (C7514).
-                with T.ws_op("retire"):
+                with T.ws_op(f"retire{p}"):
                     T.evaluate(token[0])
                     if k < k_blocks - 1:
                         T.wait_wgmma(1)
@@ -343,12 +371,14 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 B_shared1 = T.alloc_shared(b_tile, dtype)
                 C_local1 = T.alloc_fragment((block_M, block_N), accum)
                 C_shared1 = T.alloc_shared((block_M, block_N), dtype)
+                token0 = T.alloc_shared((1,), "int32") if asynchronous else None
+                token1 = T.alloc_shared((1,), "int32") if asynchronous else None
                 # Tile pairs, two tiles stacked along M: consumer p writes tile 2 m + p of pair (m, n).
                 pairs = T.PersistentTileScheduler(
                     T.ceildiv(M, 2 * block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
                     swizzle_size=max(swizzle, 1), column_major=False, name="pairs",
                 )  # fmt: skip
-                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0), (A_shared1, B_shared1)]))
+                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0, token0), (A_shared1, B_shared1, token1)]))
                 with T.ws_op("first"):
                     pairs.init(block_id)
                 with T.ws_op("start1"):  # consumer 0's first turn, if the block has a pair at all
@@ -359,8 +389,8 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                         with T.ws_op("tile"):
                             bm = pairs.m_idx
                             bn = pairs.n_idx
-                        tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, None, bm, bn, 0, pairs)
-                        tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, None, bm, bn, 1, pairs)
+                        tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, bm, bn, 0, pairs)
+                        tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, bm, bn, 1, pairs)
                         with T.ws_op("next"):
                             pairs.next_tile()
 
@@ -379,10 +409,12 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 B_shared1 = T.alloc_shared(b_tile, dtype)
                 C_local1 = T.alloc_fragment((block_M, block_N), accum)
                 C_shared1 = T.alloc_shared((block_M, block_N), dtype)
+                token0 = T.alloc_shared((1,), "int32") if asynchronous else None
+                token1 = T.alloc_shared((1,), "int32") if asynchronous else None
                 T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
-                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0), (A_shared1, B_shared1)]))
-                tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, None, by, bx, 0)
-                tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, None, by, bx, 1)
+                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0, token0), (A_shared1, B_shared1, token1)]))
+                tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, by, bx, 0)
+                tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, by, bx, 1)
 
         return gemm_pingpong
     return gemm_persistent if persistent else gemm

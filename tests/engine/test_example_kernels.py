@@ -118,16 +118,22 @@ def test_every_allowed_gemm_async_variant_verifies(gemm):
 
 
 def test_every_allowed_gemm_pingpong_variant_verifies(gemm):
-    """Both tile walks and epilogues, both K blocks: one warpgroup per consumer fits a 128x128 accumulator."""
+    """Both MMA forms, tile walks and epilogues, both K blocks: one warpgroup per consumer fits a 128x128 accumulator."""
     grid = {**{k: (v,) for k, v in GEMM_PARAMS.items()}, "block_N": (128, 256), "consumers": ("pingpong",), "persistent": (False, True),
-            "epilogue": ("direct", "smem"), "block_K": (64, 128)}  # fmt: skip
+            "epilogue": ("direct", "smem"), "block_K": (64, 128), "mma": ("sync", "async")}  # fmt: skip
     variants = list(allowed_variants(gemm, GEMM_PROBLEM, grid))
     assert {p["block_N"] for p, _, _ in variants} == {128}  # 128x256 needs 256 registers a thread
-    assert len(variants) == 8
+    # Async at block_K=128: its two stages of 2 x 64 KB leave no room (sync fits one).
+    assert {(p["mma"], p["block_K"]) for p, _, _ in variants} == {("sync", 64), ("sync", 128), ("async", 64)}
+    assert len(variants) == 12
     for params, func, seed in variants:
         assert {r.name: r.warps for r in seed.roles} == {"Consumer0": 4, "Consumer1": 4, "Producer": 1}
-        # Each consumer its own pipeline, over buffers of its own.
-        assert {p.name: p.buffers for p in seed.pipelines} == {"smem0": ("A_shared0", "B_shared0"), "smem1": ("A_shared1", "B_shared1")}
+        # Each consumer its own pipelines, over buffers of its own: A and B, and the async form's token.
+        own = {f"smem{p}": (f"A_shared{p}", f"B_shared{p}") for p in (0, 1)}
+        if params["mma"] == "async":
+            own.update({f"token{p}": (f"token{p}",) for p in (0, 1)})
+        assert {p.name: p.buffers for p in seed.pipelines} == own
+        assert len({p.depth for p in seed.pipelines}) == 1  # a token per stage
         verify(func, seed)
 
 
@@ -196,6 +202,8 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert "one stage after A and B" in gemm.check(GEMM_PROBLEM, params, _with_stage(seed, "token", 0))
     one = _renamed(seed, {"token": "smem"}, Pipeline("smem", ("A_shared", "B_shared", "token"), 3))
     assert "pipeline of its own" in gemm.check(GEMM_PROBLEM, params, one)
+    shallow = seed.with_(pipelines=tuple(Pipeline(p.name, p.buffers, 1) for p in seed.pipelines))  # the token freed a k-block late: a deadlock
+    assert "the token in 2 stages or more" in gemm.check(GEMM_PROBLEM, params, shallow)
 
 
 GEMM_PINGPONG = {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong"}
@@ -208,7 +216,10 @@ GEMM_PINGPONG = {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong"}
         ({}, {"persistent": True, "epilogue": "smem", "block_K": 128}, None),
         ({}, {"block_N": 256}, "registers"),  # a 128x256 fp32 accumulator in one warpgroup
         ({}, {"block_M": 256}, "registers"),
-        ({}, {"mma": "async"}, "not implemented"),
+        ({}, {"mma": "async"}, None),
+        ({}, {"mma": "async", "persistent": True, "epilogue": "smem"}, None),
+        # The token protocol needs two stages: 2 x 2 x 64 KB of A and B at block_K=128.
+        ({}, {"mma": "async", "block_K": 128}, "shared memory"),
         ({"M": 4096 - 128}, {}, "2 x block_M"),  # a block covers two tiles along M
         # Two consumers' A and B at one stage, 2 x 80 KB, and two 48 KB C tiles: over the SM.
         ({"M": 4608}, {"block_M": 192, "block_K": 128, "epilogue": "smem"}, "shared memory"),
@@ -219,6 +230,42 @@ GEMM_PINGPONG = {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong"}
 def test_gemm_pingpong_check_refuses_what_cannot_work(gemm, problem, params, needle):
     reason = gemm.check({**GEMM_PROBLEM, **problem}, {**GEMM_PINGPONG, **params}, None)
     assert reason is None if needle is None else needle in reason
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gemm_pingpong_async_check_refuses_each_consumers_broken_token_protocol(gemm, persistent):
+    """Async ping-pong: each consumer's token in a pipeline of its own, freed one stage
+    after its A and B (a stage freed under its running wgmma otherwise)."""
+    params = {**GEMM_PINGPONG, "mma": "async", "persistent": persistent}
+    seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed
+    assert gemm.check(GEMM_PROBLEM, params, seed) is None
+    for p in (0, 1):
+        assert f"Consumer{p} must free token{p} one stage after A and B" in gemm.check(GEMM_PROBLEM, params, _with_stage(seed, f"token{p}", 0))
+        merged = _renamed(seed, {f"token{p}": f"smem{p}"}, Pipeline(f"smem{p}", (f"A_shared{p}", f"B_shared{p}", f"token{p}"), 3))
+        assert f"token{p} in a pipeline of its own" in gemm.check(GEMM_PROBLEM, params, merged)
+        shallow = seed.with_(pipelines=tuple(Pipeline(q.name, q.buffers, 1) if q.name == f"token{p}" else q for q in seed.pipelines))
+        assert f"token{p} in 2 stages or more" in gemm.check(GEMM_PROBLEM, params, shallow)
+    # Past the seed's three stages of two consumers' 32 KB of A and B, a fourth no longer fits.
+    deep = seed.with_(pipelines=tuple(Pipeline(q.name, q.buffers, 4) for q in seed.pipelines))
+    assert "shared memory" in gemm.check(GEMM_PROBLEM, params, deep)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gemm_pingpong_async_seed_counts_its_tokens(gemm, stages, monkeypatch):
+    """The async seed takes one stage fewer where its tokens' few bytes would tip the
+    last stage over the limit (the sync seed keeps it), never fewer than two, and
+    check() agrees with it."""
+    params = {**GEMM_PINGPONG, "mma": "async"}
+    stage = 2 * 2 * (128 * 64 + 64 * 128)  # two consumers' A and B, fp16
+    tokens = 2 * gemm.module.TOKEN_BYTES
+    for limit, fits in ((stages * stage, stages - 1), (stages * (stage + tokens), stages)):
+        monkeypatch.setattr(gemm.module, "SMEM_LIMIT", limit)
+        assert gemm.module._pingpong_stages({**params, "mma": "sync"}) == stages
+        assert gemm.module._pingpong_stages(params) == max(fits, 2)
+        seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed
+        assert {p.depth for p in seed.pipelines} == {max(fits, 2)}
+        reason = gemm.check(GEMM_PROBLEM, params, seed)
+        assert reason is None if fits >= 2 else "shared memory" in reason
 
 
 def test_gemm_pingpong_check_refuses_schedules_that_cannot_fit(gemm):
@@ -337,8 +384,10 @@ def assert_wgmma_pipelined(report: str) -> None:
     assert re.search(r"\b0 bytes spill stores", report), report
 
 
-def test_async_gemm_keeps_its_wgmma_in_flight(gemm, tmp_path):
-    assert_wgmma_pipelined(ptxas_report(gemm, GEMM_PROBLEM, {**GEMM_PARAMS, "mma": "async"}, tmp_path))
+@pytest.mark.parametrize("consumers", ["cooperative", "pingpong"])
+def test_async_gemm_keeps_its_wgmma_in_flight(gemm, consumers, tmp_path):
+    params = {**GEMM_PARAMS, "mma": "async"} if consumers == "cooperative" else {**GEMM_PINGPONG, "mma": "async", "persistent": True}
+    assert_wgmma_pipelined(ptxas_report(gemm, GEMM_PROBLEM, params, tmp_path))
 
 
 @pytest.mark.slow
@@ -405,7 +454,7 @@ def test_examples_check_plans_each_variant_and_its_baselines(monkeypatch):
             assert [r.label for r in group if r.kind == "vendor"] == ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
         else:
             assert {(r.params["mma"], r.params["persistent"], r.params.get("consumers", "cooperative")) for r in variants} == set(
-                itertools.product(("sync", "async"), (False, True), ("cooperative",))) | {("sync", p, "pingpong") for p in (False, True)}  # fmt: skip
+                itertools.product(("sync", "async"), (False, True), ("cooperative", "pingpong")))  # fmt: skip
             assert [r.label for r in group if r.kind == "vendor"] == ["cublas"]
 
 
@@ -540,11 +589,14 @@ def _ordered(text: str, *needles: str) -> list[int]:
     return out
 
 
-def test_pingpong_gemm_takes_turns_over_whole_k_loops(gemm):
+@pytest.mark.parametrize("mma", ["sync", "async"])
+def test_pingpong_gemm_takes_turns_over_whole_k_loops(gemm, mma):
     """The persistent ping-pong GEMM's generated code: each consumer waits for its turn
     before its whole K loop and passes it on after the loop, before its epilogue; each
-    waits on and frees only its own pipeline's mbarriers."""
-    params = {**GEMM_PINGPONG, "persistent": True, "epilogue": "smem"}
+    waits on and frees only its own pipelines' mbarriers. Async: inside the loop each
+    k-block waits for the previous one's wgmma (wait<1>), and the last waits for all
+    (wait<0>) before the turn is passed on."""
+    params = {**GEMM_PINGPONG, "persistent": True, "epilogue": "smem", "mma": mma}
     task = Task.make(gemm, GEMM_PROBLEM)
     func, _ = task.lowered(Candidate.make(params, task.point_info(params).seed))
     source = compiler.compile_kernel(func).get_kernel_source()
@@ -555,12 +607,22 @@ def test_pingpong_gemm_takes_turns_over_whole_k_loops(gemm):
     consumer0, consumer1 = source[starts[0] : starts[1]], source[starts[1] : starts[2]]
     for p, (code, turn, give) in enumerate(((consumer0, turn0, pass0), (consumer1, turn1, pass1))):
         mine, other = f"smem{p}", f"smem{1 - p}"
-        assert other not in code
+        assert other not in code and f"token{1 - p}" not in code
         loop = code.index("for (int k")
         last_release = code.rindex(f"{mine}_empty[")
         assert -1 not in _ordered(code, turn, "for (int k", f"{mine}_full[", f"{mine}_empty[", give, "tl::tma_store(")
         assert code.count(turn) == 1 and code.rindex(turn) < loop  # one wait, before the K loop
         assert last_release < code.rindex(give) < code.index("tl::tma_store(")  # passed on after it, before the epilogue
+        waits = re.findall(r"tl::wait_wgmma<(\d)>", code)
+        if mma == "sync":
+            assert f"token{p}" not in code and not waits
+        else:
+            # The loop (k-blocks 1..): one wait<1>, between that block's wgmma and the release of k-1's token.
+            body = code[loop : code.index(f"token{p}_empty[", loop)]
+            assert "tl::wait_wgmma<1>();" in body and body.index("tl::warpgroup_arrive()") < body.index("tl::wait_wgmma<1>")
+            # After it, the last k-block's token: wait<0>, then its release, then the turn passed on.
+            drain = code.rindex("tl::wait_wgmma<0>();")
+            assert waits == ["1", "0"] and loop < drain < code.rindex(f"token{p}_empty[") < code.rindex(give)
     assert consumer1.index(pass1) < consumer1.index(turn1)  # start1: consumer 0's first turn, before consumer 1's loop
     assert source.count(turn0) == source.count(turn1) == 1
 

@@ -63,8 +63,8 @@ def attention_variants(spec, problem):
 def gemm_variants():
     for mma, persistent, epilogue in itertools.product(("sync", "async"), (False, True), ("direct", "smem")):
         yield {**GEMM_PARAMS, "mma": mma, "persistent": persistent, "epilogue": epilogue}
-    for persistent, epilogue in itertools.product((False, True), ("direct", "smem")):  # one warpgroup per 128x128 tile
-        yield {**GEMM_PARAMS, "block_N": 128, "mma": "sync", "consumers": "pingpong", "persistent": persistent, "epilogue": epilogue}
+    for mma, persistent, epilogue in itertools.product(("sync", "async"), (False, True), ("direct", "smem")):  # one warpgroup per 128x128 tile
+        yield {**GEMM_PARAMS, "block_N": 128, "mma": mma, "consumers": "pingpong", "persistent": persistent, "epilogue": epilogue}
 
 
 def seed_inputs(path, problems, variants):
