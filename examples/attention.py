@@ -80,6 +80,12 @@ Kernel-side variants (PARAMS):
   pipelines (two roles cannot share a pipeline), taking turns at the tensor
   cores through two named barriers so that the softmax of one overlaps the
   MMAs of the other, as FlashAttention-3's warp scheduler barriers do.
+  "alternating" is the cooperative role whose warpgroups take such turns
+  among themselves, round robin, over the shared K/V tile (what
+  FlashAttention-3 itself does): each issues its MMAs of a step, then hands
+  the turn to the next, and runs its softmax under theirs. The turn is a
+  named barrier per warpgroup (ALTERNATING_BARRIERS), found from the
+  thread's warpgroup index, so it holds wherever the role's warps are.
 
 check() also refuses schedules that break this data flow, which
 MaterializeWSSchedule's verifier does not track.
@@ -98,7 +104,7 @@ PARAMS = {
     "block_N": [64, 128],  # key rows per step of the K/V loop
     "stages": [1, 2],  # K/V buffer versions of the seed (and of tilelang's own lowerings)
     "mma": ["sync", "async"],
-    "consumers": ["cooperative", "pingpong"],
+    "consumers": ["cooperative", "alternating", "pingpong"],
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
     "q_buffers": [1, 2],  # persistent: the seed's Q pipeline depth (2: the next tile's Q loads under this one)
     "store": ["consumer", "role"],  # persistent: who writes O to global memory (see the module docstring)
@@ -110,7 +116,7 @@ PARAMS = {
 # persistent form is right in the plain order too: role_based builds it, the
 # default lowering fails to ("ProducerConsumerWS: failed to replace pipeline
 # loop"), which costs a baseline its build only.
-SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["pingpong"]}
+SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["alternating", "pingpong"]}
 OUTPUTS = [3]
 TOLERANCE = 1e-2
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
@@ -119,6 +125,8 @@ SMEM_LIMIT = 227 * 1024
 # ids), each shared by the two consumer warpgroups.
 TURN_BARRIERS = (14, 15)
 TURN_THREADS = 256
+# consumers="alternating": warpgroup g of the role waits at ALTERNATING_BARRIERS[g] (up to three).
+ALTERNATING_BARRIERS = (13, 14, 15)
 LOG2E = 1.4426950408889634
 # Blocks of the persistent variant: one per SM of an H100/H200 SXM (132), as in
 # examples/gemm.py; a grid size, not a device query, so that kernels build the
@@ -174,6 +182,10 @@ def check(problem, params, schedule):
     rows = bm // 2 if pingpong else bm  # rows of one consumer role
     if rows % ROWS_PER_WARPGROUP:
         return f"a consumer role's {rows} rows are not whole warpgroup MMAs of {ROWS_PER_WARPGROUP}"
+    groups = rows // ROWS_PER_WARPGROUP
+    alternating = params["consumers"] == "alternating"
+    if alternating and not 2 <= groups <= len(ALTERNATING_BARRIERS):
+        return f"alternating turns need 2 to {len(ALTERNATING_BARRIERS)} consumer warpgroups, not {groups}"
     itemsize = 2
     copies = 2 if pingpong else 1  # ping-pong duplicates every buffer
     q_buffers = params.get("q_buffers", 1)
@@ -217,6 +229,8 @@ def check(problem, params, schedule):
                 return f"{rows} rows cannot be split over {role.warps} warps of role {role.name}"
             if pingpong and role.warps != 4:
                 return f"a ping-pong turn is one warpgroup per consumer (named barriers of {TURN_THREADS} threads); {role.name} has {role.warps} warps"
+            if alternating and role.warps != 4 * groups:
+                return f"alternating turns pass among the kernel's {groups} warpgroups; {role.name} has {role.warps} warps"
             # Registers per thread: the fp32 O and S accumulators and P (fp16), plus
             # addresses and softmax state; past the budget they spill (several times slower).
             need = (rows * D + rows * bn + rows * bn // 2) // (32 * role.warps) + REGISTER_OVERHEAD
@@ -244,7 +258,9 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
     causal = bool(problem["causal"])
     asynchronous = mma == "async"
     pingpong = consumers == "pingpong"
+    alternating = consumers == "alternating"
     rows = block_M // 2 if pingpong else block_M  # query rows of one consumer role
+    groups = rows // ROWS_PER_WARPGROUP  # warpgroups of one consumer role
     consumer_warps = block_M // 16
     ftz = exp == "ftz"
     poly = exp == "poly"
@@ -281,6 +297,10 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         # Causal: key blocks up to the block's last row.
         return T.min(T.ceildiv(block_row(bx, 0) + block_M, block_N), n_blocks) if causal else n_blocks
 
+    def group():
+        """The thread's warpgroup within its role (roles are whole warpgroups; the index wraps wherever the role starts)."""
+        return T.get_warp_group_idx() % groups
+
     def schedule(parts):
         """The seed: a TMA producer warp after the consumer warpgroups; Q once, K and V per step."""
         W, R = T.WSSync.consumer_wait, T.WSSync.consumer_release
@@ -293,7 +313,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             def ops(*names):
                 return [f"{name}{p}" for name in names]
 
-            turn, give = (ops("turn"), ops("pass")) if pingpong else ([], [])
+            turn, give = (ops("turn"), ops("pass")) if pingpong or alternating else ([], [])
             mask = ops("mask") if causal or key_tail else []
             # S of block k, then P V of block k-1 (V one stage behind K), so that the
             # softmax of block k overlaps that product; then O is rescaled.
@@ -303,7 +323,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             else:
                 body = [W(k, 0), *ops("qk"), R(k, 0), W(v, 1), *ops("pv"), R(v, 1), *give, *mask, *ops("softmax", "rescale")]
             loop_bodies[role] = turn + body
-            start = ["start1"] if pingpong and p == 1 else []  # consumer 0 takes the first turn
+            # Consumer 0 (warpgroup 0) takes the first turn, given by the last.
+            start = ["start1"] if pingpong and p == 1 else ["start0"] if alternating else []
             drain = ops("drain") if asynchronous else []
             # Q is freed after the drain: a persistent producer loads the next
             # tile's K and V only once it holds Q again, so the last P V product
@@ -382,6 +403,9 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         if pingpong:
             with T.ws_op(f"turn{p}"):  # wait for this consumer's turn at the tensor cores
                 T.sync_threads(TURN_BARRIERS[p], TURN_THREADS)
+        elif alternating:
+            with T.ws_op(f"turn{p}"):  # wait for this warpgroup's turn
+                T.sync_threads(ALTERNATING_BARRIERS[0] + group(), TURN_THREADS)
         gemm(part.Q, part.K, part.S, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: f"qk{p}"})
         if pingpong:
             with T.ws_op(f"pass{p}"):  # hand the turn over
@@ -390,6 +414,10 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
                 else:  # consumer 0 took the first turn: none is left over at the end
                     if k < loop_extent(bx) - 1:
                         T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+        elif alternating:
+            with T.ws_op(f"pass{p}"):  # to the next warpgroup, round robin; the last keeps its final turn
+                if group() < groups - 1 or k < loop_extent(bx) - 1:
+                    T.named_barrier_arrive(ALTERNATING_BARRIERS[0] + (group() + 1) % groups, TURN_THREADS)
         if asynchronous:
             # S of this block is done; the P V product issued after it may still run.
             with T.ws_op(f"wait_s{p}"):
@@ -477,6 +505,10 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             prologue(Q, parts[1], bx, by, bz)
             with T.ws_op("start1"):
                 T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+        elif alternating:
+            with T.ws_op("start0"):
+                if group() == groups - 1:
+                    T.named_barrier_arrive(ALTERNATING_BARRIERS[0], TURN_THREADS)
         for k in T.Pipelined(loop_extent(bx), num_stages=stages, annotations={T.WSID: "loop_k"}):
             step(K, V, parts[0], k, bx, by, bz)
             if pingpong:

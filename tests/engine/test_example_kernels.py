@@ -102,10 +102,11 @@ def test_every_allowed_attention_variant_verifies(attention, changes):
             seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"]))
             for k in pinned:
                 values[k].add(params[k])
-    assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (False, True)))
+    forms = attention.params["consumers"]  # cooperative, alternating, pingpong
+    assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), forms, (False, True)))
     assert {v[3] for v in seen} == {64, 128, 192}  # one to three consumer warpgroups
     # A second Q buffer and the Storer warp: persistent only, with every mma and consumer form.
-    assert {v[:3] for v in seen if v[4:] == (2, "role")} == set(itertools.product(("sync", "async"), ("cooperative", "pingpong"), (True,)))
+    assert {v[:3] for v in seen if v[4:] == (2, "role")} == set(itertools.product(("sync", "async"), forms, (True,)))
     assert values == {k: set(attention.params[k]) for k in pinned}
 
 
@@ -147,6 +148,8 @@ def test_every_allowed_gemm_pingpong_variant_verifies(gemm):
         ({}, {"consumers": "pingpong", "block_M": 64}, "whole warpgroup"),
         ({}, {"consumers": "pingpong", "block_M": 192}, "whole warpgroup"),
         ({}, {"consumers": "pingpong", "stages": 2}, "shared memory"),
+        ({}, {"consumers": "alternating", "block_M": 64}, "2 to 3 consumer warpgroups"),
+        ({"D": 64}, {"consumers": "alternating", "block_M": 192}, None),
         ({"D": 64}, {}, None),
         ({}, {"q_buffers": 2}, "only serve a persistent kernel"),
         ({}, {"store": "role"}, "only serve a persistent kernel"),
@@ -195,6 +198,13 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
         double_q = seed.with_(pipelines=tuple(Pipeline(p.name, p.buffers, 2) if p.name == "q0" else p for p in seed.pipelines))
         reason = attention.check(ATTN_PROBLEM, params, double_q)
         assert ("needs Q_0 in one buffer" in reason) if refused else reason is None
+    # Alternating turns pass among the kernel's warpgroups: a role of fewer (a
+    # split the space may make) would wait for a turn nobody gives.
+    params = {**ATTN_PARAMS, "consumers": "alternating"}
+    seed = Task.make(attention, ATTN_PROBLEM).point_info(params).seed
+    assert attention.check(ATTN_PROBLEM, params, seed) is None
+    half = seed.with_(roles=tuple(Role(r.name, r.warp_lo, r.warp_lo + 4, r.max_nreg) if r.name == "Consumer" else r for r in seed.roles))
+    assert "pass among the kernel's 2 warpgroups" in attention.check(ATTN_PROBLEM, params, half)
     # The token released at the stage of A and B: a stage freed under a running wgmma.
     params = {**GEMM_PARAMS, "mma": "async"}
     seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed
