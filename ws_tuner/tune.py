@@ -153,7 +153,13 @@ class Tuner:
             if self.runner:
                 out += [(c, BASELINE) for c in self.task.vendor_baselines()]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]
-        return out
+        # Each candidate once, in its first role: a warm start that is also a seed point
+        # (the nearest problem's winner often is) would be measured twice, and take two
+        # of the final tournament's places.
+        distinct: dict[str, tuple[Candidate, str]] = {}
+        for candidate, role in out:
+            distinct.setdefault(candidate.hash, (candidate, role))
+        return list(distinct.values())
 
     def _valid_param_points(self) -> list[tuple[tuple[str, Any], ...]]:
         space = self.task.space()

@@ -3,6 +3,8 @@ runner test double and tilelang's real verifier (no nvcc)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from ws_tuner import search
@@ -30,8 +32,20 @@ class CountingBuilder(VerifyOnlyBuilder):
         return super().submit(build_input)
 
 
-def tune(task, store, *, budget=12, strategy="tpe", runner=None, listener=None, **options):
-    builder = CountingBuilder()
+class ConcurrentBuilder(CountingBuilder):
+    """Builds that finish on another thread, as a process pool's do: many in flight at once."""
+
+    def __init__(self):
+        super().__init__()
+        self._thread = ThreadPoolExecutor(max_workers=1)  # one at a time: tilelang's passes share state
+
+    def submit(self, build_input):
+        self.submitted.append(build_input.candidate.hash)
+        return self._thread.submit(lambda: VerifyOnlyBuilder.submit(self, build_input).result())
+
+
+def tune(task, store, *, budget=12, strategy="tpe", runner=None, listener=None, builder=None, **options):
+    builder = builder or CountingBuilder()
     tuner = Tuner(task, store=store, builder=builder, runner=runner or DummyRunner(), strategy=search.create(strategy, seed=1),
                   options=TuneOptions(budget=budget, **options), listener=listener)  # fmt: skip
     return tuner.run(), builder
@@ -105,6 +119,24 @@ def test_warm_start_from_the_nearest_problem(task, store):
     report, builder = tune(near, store, budget=1, baselines=False)
     warm = [r for r in report.records if r.role == "warm"]
     assert first.best.candidate in [r.candidate for r in warm]
+
+
+def test_a_warm_start_that_is_a_seed_point_is_measured_once(task, store):
+    """The nearest problem's winner is often the seed at some point, which is also a
+    baseline here: one measurement, one record, one place in the final tournament."""
+    from ws_tuner.task import Task
+
+    seeds = {task.space().seed_candidate(p).hash for p in task.space().param_points()}
+    runner = DummyRunner(latency=lambda c: 0.5 if c.hash in seeds else 1.0)  # the seeds win
+    first, _ = tune(task, store, budget=4, runner=runner)
+    assert first.best.candidate.hash in seeds
+    near = Task.make(task.spec, {**task.problem, "M": 8192}, PINNED)
+    report, builder = tune(near, store, budget=4, runner=runner, builder=ConcurrentBuilder(), jobs=16)
+    hashes = [r.candidate.hash for r in report.records]
+    assert first.best.candidate.hash in hashes
+    assert len(hashes) == len(set(hashes)) and len(builder.submitted) == len(set(builder.submitted))
+    found = {r.candidate.hash for r in report.found() if r.result.status is Status.OK}
+    assert len(set(runner.tournaments[-1]) & found) == min(TuneOptions().confirm_top, len(found))
 
 
 def test_grid_strategy_is_exhaustive(gemm_spec, store):
