@@ -520,6 +520,14 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         if pingpong:
             epilogue(Output, parts[1], bx, by, bz)
 
+    tiles = m_blocks * H * B
+
+    def tile_index(round_, block):
+        """The tile a block takes in a round: dealt in reverse every other round (see the module docstring)."""
+        return round_ * PERSISTENT_BLOCKS + T.if_then_else(round_ % 2 == 0, block, PERSISTENT_BLOCKS - 1 - block)
+
+    grid = (PERSISTENT_BLOCKS,) if persistent else (m_blocks, H, B)  # blocks walking the tiles, or one per tile
+
     @T.prim_func
     def attention(
         Q: T.Tensor(shape, dtype),
@@ -527,7 +535,7 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
         V: T.Tensor(shape, dtype),
         Output: T.Tensor(shape, dtype),
     ):
-        with T.Kernel(m_blocks, H, B, threads=consumer_warps * 32) as (bx, by, bz):
+        with T.Kernel(*grid, threads=consumer_warps * 32) as launch:
             # Buffers take the names of the variables they are bound to (in the
             # prim_func itself, not a helper): each consumer's their own.
             Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0, lanes_0, l_lanes_0 = alloc()
@@ -537,56 +545,30 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
                 Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, lanes_1, l_lanes_1 = alloc()
                 S_lanes_1 = T.reshape(S_1, (rows, block_N // LANE_COLUMNS, LANE_COLUMNS))
                 parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, S_lanes_1, lanes_1, l_lanes_1))
+            if persistent:
+                round_ = T.alloc_var("int32")
             if ftz:
                 T.import_source(EX2_FTZ_SOURCE)
             elif poly:  # both functions, in one import_source
                 T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
             T.annotate_ws_schedule(schedule(parts))
-            tile(Q, K, V, Output, parts, bx, by, bz)
+            if persistent:
+                with T.ws_op("first"):
+                    round_ = 0
+                with T.ws_op("loop_tiles"):
+                    while tile_index(round_, launch) < tiles:
+                        with T.ws_op("tile"):  # launch order: query block fastest, then head, then batch
+                            t = tile_index(round_, launch)
+                            bx = t % m_blocks
+                            by = t // m_blocks % H
+                            bz = t // (m_blocks * H)
+                        tile(Q, K, V, Output, parts, bx, by, bz)
+                        with T.ws_op("next"):
+                            round_ = round_ + 1
+            else:
+                tile(Q, K, V, Output, parts, *launch)
 
-    tiles = m_blocks * H * B
-
-    def tile_index(round_, block):
-        """The tile a block takes in a round: dealt in reverse every other round (see the module docstring)."""
-        return round_ * PERSISTENT_BLOCKS + T.if_then_else(round_ % 2 == 0, block, PERSISTENT_BLOCKS - 1 - block)
-
-    @T.prim_func
-    def attention_persistent(
-        Q: T.Tensor(shape, dtype),
-        K: T.Tensor(shape, dtype),
-        V: T.Tensor(shape, dtype),
-        Output: T.Tensor(shape, dtype),
-    ):
-        with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block:
-            # Buffers take the names of the variables they are bound to (in the
-            # prim_func itself, not a helper): each consumer's their own.
-            Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0, lanes_0, l_lanes_0 = alloc()
-            S_lanes_0 = T.reshape(S_0, (rows, block_N // LANE_COLUMNS, LANE_COLUMNS))  # column c = 8 (c // 8) + c % 8
-            parts = [Part(0, Q_0, K_0, V_0, O_0, S_0, P_0, acc_0, m_0, m_prev_0, alpha_0, row_sum_0, l_0, S_lanes_0, lanes_0, l_lanes_0)]
-            if pingpong:
-                Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, lanes_1, l_lanes_1 = alloc()
-                S_lanes_1 = T.reshape(S_1, (rows, block_N // LANE_COLUMNS, LANE_COLUMNS))
-                parts.append(Part(1, Q_1, K_1, V_1, O_1, S_1, P_1, acc_1, m_1, m_prev_1, alpha_1, row_sum_1, l_1, S_lanes_1, lanes_1, l_lanes_1))
-            round_ = T.alloc_var("int32")
-            if ftz:
-                T.import_source(EX2_FTZ_SOURCE)
-            elif poly:  # both functions, in one import_source
-                T.import_source(EX2_FTZ_SOURCE + EX2_POLY_SOURCE)
-            T.annotate_ws_schedule(schedule(parts))
-            with T.ws_op("first"):
-                round_ = 0
-            with T.ws_op("loop_tiles"):
-                while tile_index(round_, block) < tiles:
-                    with T.ws_op("tile"):  # launch order: query block fastest, then head, then batch
-                        t = tile_index(round_, block)
-                        bx = t % m_blocks
-                        by = t // m_blocks % H
-                        bz = t // (m_blocks * H)
-                    tile(Q, K, V, Output, parts, bx, by, bz)
-                    with T.ws_op("next"):
-                        round_ = round_ + 1
-
-    return attention_persistent if persistent else attention
+    return attention
 
 
 def _bhsd(t):

@@ -323,46 +323,15 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
 
     tile = T.macro(tile)
 
+    rows_per_block = 2 * block_M if pingpong else block_M  # ping-pong: a pair of tiles, stacked along M
+    # One block per tile (pair), or PERSISTENT_BLOCKS blocks walking them.
+    grid = (PERSISTENT_BLOCKS,) if persistent else (T.ceildiv(N, block_N), T.ceildiv(M, rows_per_block))
+
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=consumer_warps * 32) as (bx, by):
-            A_shared = T.alloc_shared((block_M, block_K), dtype)
-            B_shared = T.alloc_shared(b_tile, dtype)
-            C_local = T.alloc_fragment((block_M, block_N), accum)
-            C_shared = T.alloc_shared((block_M, block_N), dtype)
-            token = T.alloc_shared((1,), "int32") if asynchronous else None
-            T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
-            T.annotate_ws_schedule(schedule(A_shared, B_shared, token))
-            tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, by, bx)
-
-    @T.prim_func
-    def gemm_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block_id:
-            A_shared = T.alloc_shared((block_M, block_K), dtype)
-            B_shared = T.alloc_shared(b_tile, dtype)
-            C_local = T.alloc_fragment((block_M, block_N), accum)
-            C_shared = T.alloc_shared((block_M, block_N), dtype)
-            token = T.alloc_shared((1,), "int32") if asynchronous else None
-            tiles = T.PersistentTileScheduler(
-                T.ceildiv(M, block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
-                swizzle_size=max(swizzle, 1), column_major=False, name="tiles",
-            )  # fmt: skip
-            T.annotate_ws_schedule(schedule(A_shared, B_shared, token))
-            with T.ws_op("first"):
-                tiles.init(block_id)
-            with T.ws_op("loop_tiles"):
-                while tiles.valid():
-                    with T.ws_op("tile"):
-                        bm = tiles.m_idx
-                        bn = tiles.n_idx
-                    tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn)
-                    with T.ws_op("next"):
-                        tiles.next_tile()
-
-    if pingpong and persistent:  # defined only here: a prim_func is traced where it is defined
-        @T.prim_func
-        def gemm_pingpong_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
-            with T.Kernel(PERSISTENT_BLOCKS, threads=consumer_warps * 32) as block_id:
+        with T.Kernel(*grid, threads=consumer_warps * 32) as launch:
+            # Buffers take the names of the variables they are bound to: each consumer's their own.
+            if pingpong:
                 A_shared0 = T.alloc_shared((block_M, block_K), dtype)
                 B_shared0 = T.alloc_shared(b_tile, dtype)
                 C_local0 = T.alloc_fragment((block_M, block_N), accum)
@@ -373,51 +342,49 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                 C_shared1 = T.alloc_shared((block_M, block_N), dtype)
                 token0 = T.alloc_shared((1,), "int32") if asynchronous else None
                 token1 = T.alloc_shared((1,), "int32") if asynchronous else None
-                # Tile pairs, two tiles stacked along M: consumer p writes tile 2 m + p of pair (m, n).
-                pairs = T.PersistentTileScheduler(
-                    T.ceildiv(M, 2 * block_M), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
-                    swizzle_size=max(swizzle, 1), column_major=False, name="pairs",
+            else:
+                A_shared = T.alloc_shared((block_M, block_K), dtype)
+                B_shared = T.alloc_shared(b_tile, dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum)
+                C_shared = T.alloc_shared((block_M, block_N), dtype)
+                token = T.alloc_shared((1,), "int32") if asynchronous else None
+            if persistent:  # ping-pong: consumer p writes tile 2 m + p of pair (m, n)
+                tiles = T.PersistentTileScheduler(
+                    T.ceildiv(M, rows_per_block), T.ceildiv(N, block_N), num_workers=PERSISTENT_BLOCKS,
+                    swizzle_size=max(swizzle, 1), column_major=False, name="pairs" if pingpong else "tiles",
                 )  # fmt: skip
-                T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0, token0), (A_shared1, B_shared1, token1)]))
-                with T.ws_op("first"):
-                    pairs.init(block_id)
-                with T.ws_op("start1"):  # consumer 0's first turn, if the block has a pair at all
-                    if pairs.valid():
-                        T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
-                with T.ws_op("loop_tiles"):
-                    while pairs.valid():
-                        with T.ws_op("tile"):
-                            bm = pairs.m_idx
-                            bn = pairs.n_idx
-                        tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, bm, bn, 0, pairs)
-                        tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, bm, bn, 1, pairs)
-                        with T.ws_op("next"):
-                            pairs.next_tile()
-
-        return gemm_pingpong_persistent
-    if pingpong:
-        @T.prim_func
-        def gemm_pingpong(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), dtype)):
-            # Two tiles per block, stacked along M: consumer p writes tile 2 by + p.
-            with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, 2 * block_M), threads=consumer_warps * 32) as (bx, by):
-                # Buffers take the names of the variables they are bound to: each consumer's their own.
-                A_shared0 = T.alloc_shared((block_M, block_K), dtype)
-                B_shared0 = T.alloc_shared(b_tile, dtype)
-                C_local0 = T.alloc_fragment((block_M, block_N), accum)
-                C_shared0 = T.alloc_shared((block_M, block_N), dtype)
-                A_shared1 = T.alloc_shared((block_M, block_K), dtype)
-                B_shared1 = T.alloc_shared(b_tile, dtype)
-                C_local1 = T.alloc_fragment((block_M, block_N), accum)
-                C_shared1 = T.alloc_shared((block_M, block_N), dtype)
-                token0 = T.alloc_shared((1,), "int32") if asynchronous else None
-                token1 = T.alloc_shared((1,), "int32") if asynchronous else None
+            else:
                 T.use_swizzle(panel_size=swizzle, enable=swizzle > 0)
+            if pingpong:
                 T.annotate_ws_schedule(pingpong_schedule([(A_shared0, B_shared0, token0), (A_shared1, B_shared1, token1)]))
-                tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, by, bx, 0)
-                tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, by, bx, 1)
+            else:
+                T.annotate_ws_schedule(schedule(A_shared, B_shared, token))
+            if persistent:
+                with T.ws_op("first"):
+                    tiles.init(launch)
+                if pingpong:
+                    with T.ws_op("start1"):  # consumer 0's first turn, if the block has a pair at all
+                        if tiles.valid():
+                            T.named_barrier_arrive(TURN_BARRIERS[0], TURN_THREADS)
+                with T.ws_op("loop_tiles"):
+                    while tiles.valid():
+                        with T.ws_op("tile"):
+                            bm = tiles.m_idx
+                            bn = tiles.n_idx
+                        if pingpong:
+                            tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, bm, bn, 0, tiles)
+                            tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, bm, bn, 1, tiles)
+                        else:
+                            tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, bm, bn)
+                        with T.ws_op("next"):
+                            tiles.next_tile()
+            elif pingpong:
+                tile(A, B, C, A_shared0, B_shared0, C_local0, C_shared0, token0, launch[1], launch[0], 0)
+                tile(A, B, C, A_shared1, B_shared1, C_local1, C_shared1, token1, launch[1], launch[0], 1)
+            else:
+                tile(A, B, C, A_shared, B_shared, C_local, C_shared, token, launch[1], launch[0])
 
-        return gemm_pingpong
-    return gemm_persistent if persistent else gemm
+    return gemm
 
 
 def inputs(problem, device):
