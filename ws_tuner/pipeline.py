@@ -383,10 +383,8 @@ class Pipeline:
         if self.runner is None or not self.options.confirm_top:
             return []
         report = self.report
-        distinct: dict[str, TrialRecord] = {}  # a candidate recorded twice takes one place
-        for r in sorted((r for r in report.found() if r.result.status is Status.OK and r.result.timing), key=lambda r: r.result.rank_key()):
-            distinct.setdefault(r.candidate.hash, r)
-        leaders = list(distinct.values())[: self.options.confirm_top]
+        leaders = sorted((r for r in report.found() if r.result.status is Status.OK and r.result.timing),
+                         key=lambda r: r.result.rank_key())[: self.options.confirm_top]  # fmt: skip
         o = self.options
         baselines = [r for kind in BASELINE_KINDS for r in report.contenders(kind, o.confirm_margin, o.confirm_top)]
         chosen = {r.candidate.hash: r for r in leaders + baselines}

@@ -153,9 +153,10 @@ class Tuner:
             if self.runner:
                 out += [(c, BASELINE) for c in self.task.vendor_baselines()]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]
-        # Each candidate once, in its first role: a warm start that is also a seed point
-        # (the nearest problem's winner often is) would be measured twice, and take two
-        # of the final tournament's places.
+        # Each candidate once, in its first role, as the service's job queue keeps them
+        # (unique per job and candidate): a warm start that is also a seed point (the
+        # nearest problem's winner often is) would be measured twice, and take two of
+        # the final tournament's places.
         distinct: dict[str, tuple[Candidate, str]] = {}
         for candidate, role in out:
             distinct.setdefault(candidate.hash, (candidate, role))
