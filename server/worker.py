@@ -145,6 +145,8 @@ class Worker:
         finally:
             if self._drain_timer is not None:
                 self._drain_timer.cancel()
+            # Timestamped, so that a slow stop's log says whether the loop or the goodbye took the time.
+            _log.info("worker %s leaving: handing back %d trial(s) in flight", self.id[:8], len(self.leases.held()))
             self._hb_stop.set()
             self._goodbye()
             heartbeat.join(timeout=1)

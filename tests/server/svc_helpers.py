@@ -37,6 +37,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
+def log_story(log: str, lines: int = 60, tail: int = 1500) -> str:
+    """What a failed assertion on a process's log shows: its own timestamped lines
+    (faulthandler's stack dumps left out, which otherwise fill a plain tail), the
+    last ``lines`` of them, then the log's last ``tail`` characters."""
+    own = [ln for ln in log.splitlines() if ln[:4].isdigit() and ln[4:5] == "-"]
+    return "\n".join(own[-lines:]) + "\n--- end of the log ---\n" + log[-tail:]
+
+
 def fake_key(device: str = "dev") -> "WorkloadKey":
     from ws_tuner.workload import Environment, WorkloadKey
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 from sqlalchemy import make_url
-from svc_helpers import FAKE_ARGS, wait_for
+from svc_helpers import FAKE_ARGS, log_story, wait_for
 
 from ws_tuner.store.engine import StoreError
 from ws_tuner.store.guard import DbTimeouts
@@ -168,7 +168,7 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
     code = worker.wait(60)
     took = time.monotonic() - signalled
     log = worker.log_path.read_text()
-    assert code == 0, log[-3000:]
+    assert code == 0, log_story(log)
     print(f"\nSIGTERM with the database silent: stopped after {took:.1f} s (drain time 3 s)")
     # What the design promises (db_timeout 3 s: connect timeout 2 s): the drain (3 s); then
     # the call in flight, cut at once, or its new connection into the silence running out
@@ -178,7 +178,7 @@ def test_sigterm_is_honoured_while_the_database_is_silent(proxy, pg_url: str, ma
     # first). 3 + 4 + 3 + 1 = 11 s at most; seen 5.2-5.3 s with two CPU burners. The one
     # step that grew with load was that finalization, before the freeze: 0.5-0.7 s of CPU,
     # 2-4 s of wall time with CPU burners, likely what took a full-suite run to 18.8 s.
-    assert took < 3 + 9, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time:\n{log[-3000:]}"
+    assert took < 3 + 9, f"stopped {took:.1f} s after SIGTERM with a 3 s drain time:\n{log_story(log)}"
     assert "draining" in log
     # What it held is not lost: past the grace period, the sweeper re-queues it. A transaction
     # the black hole froze half-way keeps its slot's row locked (the sweeper skips locked rows)
