@@ -52,6 +52,7 @@ PARAMS = {
     "persistent": [False, True],  # one block per tile, or PERSISTENT_BLOCKS blocks walking the tiles
     "mma": ["sync", "async"],  # T.gemm (wgmma + wait<0>), or one wgmma group kept in flight
     "consumers": ["cooperative", "pingpong"],  # two warpgroups on one tile, or one each on its own tile, taking turns
+    "split": ["square", "rows"],  # how the MMA spreads a cooperative tile over the warpgroups (see WARP_POLICY)
 }
 # The async form's stage protocol and the ping-pong turns live in the seed
 # schedule alone: tilelang's own lowerings are built as baselines from the sync
@@ -76,6 +77,13 @@ TOKEN_BYTES = 4  # the async form's token: one int32 per stage
 # would wait for a token that the consumer frees only after the next k-block's data,
 # which the producer has yet to load (MaterializeWSSchedule reports the deadlock).
 ASYNC_MIN_STAGES = 2
+# ``split``: tilelang's warp partition of T.gemm / T.wgmma_gemm. "square" (its
+# default) gives each of two warpgroups half of a 128x256 tile's columns, as two
+# m64n128 wgmmas per k-step that each read the whole A slice; "rows" gives each
+# its own 64 rows, one m64n256 wgmma that reads A once (CUTLASS's cooperative
+# split): a sixth less shared memory read per k-step at the same tile. The plain
+# program takes it too, so tilelang's own lowerings are built at both values.
+WARP_POLICY = {"square": T.GemmWarpPolicy.Square, "rows": T.GemmWarpPolicy.FullRow}
 REGISTER_OVERHEAD = 32  # per consumer thread beyond the accumulator (addresses, descriptors, loop state)
 
 
@@ -92,13 +100,16 @@ def check(problem, params, schedule):
         if problem[dim] % block:
             return f"{dim}={problem[dim]} is not a multiple of block_{dim}={block}"
     if params.get("consumers") == "pingpong":
+        if params.get("split") == "rows":
+            return "split=rows spreads a cooperative tile; a ping-pong consumer is one warpgroup"
         return _pingpong_reason(problem, params, schedule)
     if schedule is not None:
         # T.gemm spreads the tile over the consumer's warps: m_warp (a multiple
         # of 4 for wgmma) times n_warp warps, each owning 16k rows and 8k columns.
         warps = max(role.warps for role in schedule.roles)
         bm, bn = params["block_M"], params["block_N"]
-        if not any(warps % m == 0 and bm % (16 * m) == 0 and bn % (8 * (warps // m)) == 0 for m in range(4, warps + 1, 4)):
+        splits = [warps] if params.get("split") == "rows" else range(4, warps + 1, 4)  # rows: every warp along M
+        if not any(warps % m == 0 and bm % (16 * m) == 0 and bn % (8 * (warps // m)) == 0 for m in splits):
             return f"a {bm}x{bn} tile cannot be split over {warps} consumer warps"
         if params.get("mma") == "async":
             return _token_reason(schedule)
@@ -168,7 +179,7 @@ def _token_reason(schedule, p=""):
     return None
 
 
-def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", consumers="cooperative", stages=None, consumer_warps=8):
+def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent, mma="sync", consumers="cooperative", split="square", stages=None, consumer_warps=8):
     M, N, K = problem["M"], problem["N"], problem["K"]
     dtype, accum = problem["dtype"], "float32"
     b_col = problem["b_layout"] == "col"
@@ -178,6 +189,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
     k_blocks = T.ceildiv(K, block_K)
     asynchronous = mma == "async"
     pingpong = consumers == "pingpong"
+    policy = WARP_POLICY[split]
     params = {"block_M": block_M, "block_N": block_N, "block_K": block_K, "epilogue": epilogue, "mma": mma}
     if stages is None:
         stages = _pingpong_stages(params) if pingpong else SEED_STAGES
@@ -293,7 +305,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
             if asynchronous:
                 with T.ws_op(f"token{p}"):
                     token[0] = k
-                T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: f"mma{p}"})
+                T.wgmma_gemm(A_shared, B_shared, C_local, transpose_B=b_col, policy=policy, annotations={T.WSID: f"mma{p}"})
                 # Retires the wgmma of k-block k. It reads the token (which holds k), so
                 # the schedule runs it at the token's stage: after the next wgmma has
                 # been issued. The last k-block has no next one: it waits for all. The
@@ -307,7 +319,7 @@ def kernel(problem, *, block_M, block_N, block_K, swizzle, epilogue, persistent,
                     if k == k_blocks - 1:
                         T.wait_wgmma(0)
             else:
-                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, annotations={T.WSID: f"mma{p}"})
+                T.gemm(A_shared, B_shared, C_local, transpose_B=b_col, policy=policy, annotations={T.WSID: f"mma{p}"})
         if p == 0:
             with T.ws_op("pass0"):  # consumer 0's MMAs are done: consumer 1's turn, under this epilogue
                 T.named_barrier_arrive(TURN_BARRIERS[1], TURN_THREADS)

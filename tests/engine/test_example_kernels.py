@@ -111,9 +111,10 @@ def test_every_allowed_attention_variant_verifies(attention, changes):
 
 
 def test_every_allowed_gemm_async_variant_verifies(gemm):
-    grid = {**{k: (v,) for k, v in GEMM_PARAMS.items()}, "mma": ("async",), "persistent": (False, True), "epilogue": ("direct", "smem"), "block_K": (64, 128)}
+    grid = {**{k: (v,) for k, v in GEMM_PARAMS.items()}, "mma": ("async",), "persistent": (False, True), "epilogue": ("direct", "smem"),
+            "block_K": (64, 128), "split": ("square", "rows")}  # fmt: skip
     variants = list(allowed_variants(gemm, {**GEMM_PROBLEM, "b_layout": "col"}, grid))
-    assert len(variants) == 8
+    assert len(variants) == 16
     for _, func, seed in variants:
         verify(func, seed)
 
@@ -235,6 +236,7 @@ GEMM_PINGPONG = {**GEMM_PARAMS, "block_N": 128, "consumers": "pingpong"}
         ({"M": 4608}, {"block_M": 192, "block_K": 128, "epilogue": "smem"}, "shared memory"),
         ({"M": 4608}, {"block_M": 192, "block_K": 128}, None),
         ({}, {"block_M": 64, "block_N": 256, "block_K": 128, "epilogue": "smem"}, None),  # 160 KB + 2 x 32 KB
+        ({}, {"split": "rows"}, "one warpgroup"),  # the cooperative split: one consumer warpgroup has nothing to split
     ],
 )
 def test_gemm_pingpong_check_refuses_what_cannot_work(gemm, problem, params, needle):
@@ -636,3 +638,13 @@ def test_pingpong_gemm_takes_turns_over_whole_k_loops(gemm, mma):
     assert consumer1.index(pass1) < consumer1.index(turn1)  # start1: consumer 0's first turn, before consumer 1's loop
     assert source.count(turn0) == source.count(turn1) == 1
 
+
+
+def test_gemm_split_rows_needs_a_row_band_per_warp(gemm):
+    """split=rows puts every consumer warp along M (16 rows each at least): 64 rows
+    do not split over two warpgroups that way, while the square split takes them."""
+    params = {**GEMM_PARAMS, "block_M": 64}
+    seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed
+    assert gemm.check(GEMM_PROBLEM, params, seed) is None
+    assert "cannot be split over 8 consumer warps" in gemm.check(GEMM_PROBLEM, {**params, "split": "rows"}, seed)
+    assert gemm.check(GEMM_PROBLEM, {**GEMM_PARAMS, "split": "rows"}, seed) is None

@@ -67,8 +67,8 @@ def attention_variants(spec, problem):
 
 
 def gemm_variants():
-    for mma, persistent, epilogue in itertools.product(("sync", "async"), (False, True), ("direct", "smem")):
-        yield {**GEMM_PARAMS, "mma": mma, "persistent": persistent, "epilogue": epilogue}
+    for mma, persistent, epilogue, split in itertools.product(("sync", "async"), (False, True), ("direct", "smem"), ("square", "rows")):
+        yield {**GEMM_PARAMS, "mma": mma, "persistent": persistent, "epilogue": epilogue, "split": split}
     for mma, persistent, epilogue in itertools.product(("sync", "async"), (False, True), ("direct", "smem")):  # one warpgroup per 128x128 tile
         yield {**GEMM_PARAMS, "block_N": 128, "mma": mma, "consumers": "pingpong", "persistent": persistent, "epilogue": epilogue}
 
