@@ -50,6 +50,9 @@ def test_generated_candidates_compute_what_the_seed_computes(name):
     space = task.space()
     rng = random.Random(0)
     seeds = [space.seed_candidate(p) for p in space.param_points() if not isinstance(space.shape(p), str)]
+    # At most SAMPLES of them: attention's grid has hundreds of seed points, more than one device call
+    # builds and runs (tests/gpu/test_examples.py runs every variant's seed).
+    seeds = rng.sample(seeds, SAMPLES) if len(seeds) > SAMPLES else seeds
     drawn = {}
     for _ in range(20 * SAMPLES):
         point = space.random_point(rng)
