@@ -65,10 +65,10 @@ def test_space_prints_axes_and_counts(example_path):
     assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
     before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after \(", proc.stdout).groups())
     assert before > after > 10_000
-    # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.
+    # The default counts a sample of the 256 kernel-parameter points and says it is an estimate.
     sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync,consumers=cooperative", "--sample", "16")
     assert sampled.returncode == 0, sampled.stderr
-    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
+    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 256 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
     assert 0 < est_after <= est_before and before / 4 <= est_before <= 4 * before
 
 

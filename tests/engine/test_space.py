@@ -25,7 +25,7 @@ from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
-GEMM_PARAMS = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("consumers", "cooperative"), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("swizzle", 0))
+GEMM_PARAMS = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("consumers", "cooperative"), ("epilogue", "direct"), ("mma", "sync"), ("persistent", False), ("split", "square"), ("swizzle", 0))
 # The seed shapes of the issue, as small kernels of their own (tests/data), and the problems they run at.
 SEEDS = {
     "flash_fwd.py": "S=1024",  # producer warp + consumer warpgroups, Q in a root-scope pipeline, V a stage behind K
