@@ -237,7 +237,12 @@ class Pipeline:
     # --- the loop -------------------------------------------------------------------
     def run(self, deadline: float = math.inf) -> None:
         """Claim, propose, build, run and record until the recorder has no more
-        places and nothing is in flight (or the deadline passes)."""
+        places and nothing is in flight. The deadline ends the search: past it no
+        search place is taken, while the baselines and warm starts queued before the
+        search, and whatever is in flight, are measured and recorded (as Optuna's
+        timeout lets a running trial finish): a budget shorter than the kernel's
+        first builds still yields its baselines. The builder's and runner's
+        timeouts bound the wait."""
         start = time.monotonic()
         try:
             self._loop(deadline)
@@ -249,16 +254,13 @@ class Pipeline:
         while True:
             if self.recorder.stopping():
                 break
-            while claiming and len(self._in_flight) < self.options.max_in_flight and time.monotonic() < deadline:
-                claiming = self._claim_one()
+            while claiming and len(self._in_flight) < self.options.max_in_flight:
+                claiming = self._claim_one(searching=time.monotonic() < deadline)
             if not self._in_flight:
                 break
-            timeout = None if deadline == math.inf else max(deadline - time.monotonic(), 0.05)
-            done, _ = wait(list(self._in_flight), timeout=min(timeout or 0.5, 0.5), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(self._in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in done:
                 self._advance(fut, self._in_flight.pop(fut))
-            if time.monotonic() >= deadline and not done:
-                break
 
     def abandon(self) -> list[Slot]:
         """Stop now: cancel what is in flight and hand its slots to the caller."""
@@ -268,9 +270,12 @@ class Pipeline:
         self._in_flight.clear()
         return slots
 
-    def _claim_one(self) -> bool:
+    def _claim_one(self, searching: bool = True) -> bool:
         slot = self.recorder.claim()
         if slot is None:
+            return False
+        if slot.candidate is None and not searching:
+            self.recorder.release(slot, exhausted=True)
             return False
         if slot.candidate is not None and (done := self._result_of(slot.candidate.hash)) is not None:
             self.recorder.reuse(slot, done)

@@ -3,6 +3,7 @@ runner test double and tilelang's real verifier (no nvcc)."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -93,6 +94,24 @@ def test_interrupted_tuning_keeps_results_and_resumes(task, store):
     assert not resumed.interrupted
     assert len([r for r in resumed.records if r.role == SEARCH]) == 10
     assert len(builder.submitted) == 5  # only what was missing
+
+
+class SlowBuilder(ConcurrentBuilder):
+    def submit(self, build_input):
+        self.submitted.append(build_input.candidate.hash)
+        return self._thread.submit(lambda: (time.sleep(0.3), VerifyOnlyBuilder.submit(self, build_input).result())[1])
+
+
+def test_a_time_budget_ends_the_search_not_the_baselines(task, store):
+    """A time budget shorter than the first builds (an attention kernel's take
+    20 s) still measures the baselines: past the deadline no search candidate
+    starts, and nothing in flight is dropped."""
+    report, builder = tune(task, store, budget=12, builder=SlowBuilder(), jobs=1, time_budget=0.1)
+    roles = [r.role for r in report.records]
+    assert roles.count(BASELINE) == 3 * len(list(task.space().param_points())) + len(task.vendor_baselines()), roles  # seed, default, role_based; cuBLAS
+    assert SEARCH not in roles
+    assert sorted(r.candidate.hash for r in report.records) == sorted(builder.submitted)
+    assert all(r.result.status is Status.OK for r in report.records)
 
 
 def test_failures_are_recorded_and_never_win(task, store):
