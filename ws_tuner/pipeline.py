@@ -125,6 +125,7 @@ class TuneReport:
     shared: int = 0  # candidates that shared another's measurement (the same generated code)
     confirmed: int = 0  # results re-timed in the final tournament
     interrupted: bool = False
+    out_of_time: bool = False  # the time budget ended the search before its budget of candidates was spent
     wall_seconds: float = 0.0
     search_seconds: float = 0.0  # building and measuring the candidates (the anchor and the tournament apart)
     tournament_seconds: float = 0.0
@@ -275,6 +276,7 @@ class Pipeline:
         if slot is None:
             return False
         if slot.candidate is None and not searching:
+            self.report.out_of_time = True
             self.recorder.release(slot, exhausted=True)
             return False
         if slot.candidate is not None and (done := self._result_of(slot.candidate.hash)) is not None:

@@ -87,13 +87,23 @@ def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
 @pytest.mark.slow
 def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     db = tmp_path / "results.db"
-    args = [str(example_path), "--shape", SHAPE, "--budget", "2", "--jobs", "2", "--db", str(db), "--compile-only", "--param", "block_M=128,block_N=256,epilogue=direct,persistent=false,swizzle=8"]
-    first = ws_tune(*args)
+
+    def tuning(budget: int, *more: str) -> subprocess.CompletedProcess:
+        return ws_tune(str(example_path), "--shape", SHAPE, "--budget", str(budget), "--jobs", "2", "--db", str(db), "--compile-only",
+                       "--param", "block_M=128,block_N=256,epilogue=direct,persistent=false,swizzle=8", *more)  # fmt: skip
+
+    first = tuning(2)
     assert first.returncode == 0, first.stderr
     assert "compile-only" in first.stdout and "built" in first.stdout
-    again = ws_tune(*args)
+    again = tuning(2)
     assert again.returncode == 0, again.stderr
     assert "(5 reused from the store," in again.stdout  # 3 baselines + 2 searched, nothing rebuilt
+    assert "time budget" not in again.stdout
+    # Two more search places, but the time budget is spent before the first is taken.
+    late = tuning(4, "--time-budget", "0.001")
+    assert late.returncode == 0, late.stderr
+    assert "(5 reused from the store," in late.stdout
+    assert "the time budget ended the search after 2 searched candidate(s)" in " ".join(late.stdout.split())
 
 
 def test_best_without_results_exits_1(tmp_path, example_path):

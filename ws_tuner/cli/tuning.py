@@ -22,7 +22,7 @@ from .common import (
     handles_errors,
     out,
 )
-from .progress import TuneProgress, counting
+from .progress import SEARCH, TuneProgress, counting
 
 # --- tune -------------------------------------------------------------------
 
@@ -35,7 +35,7 @@ def tune(
     param: Optional[str] = ParamOpt,
     space_config: Optional[Path] = SpaceOpt,
     budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
-    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop searching after this many seconds"),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Seconds of wall time before the search stops (baselines are measured in full)"),
     strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
     compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing"),
     db: Optional[str] = DbOpt,
@@ -107,6 +107,9 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{report.shared} sharing another's generated code)")  # fmt: skip
     out.print(table)
+    if report.out_of_time:  # a budget shorter than preparing the points leaves the baselines only: say so
+        searched = sum(r.role == SEARCH for r in report.records)
+        out.print(f"the time budget ended the search after {searched} searched candidate(s); every baseline was measured")
     if report.compile_only:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
         return
