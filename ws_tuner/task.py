@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from .space import PointInfo, ScheduleSpace, SpaceConfig
 
 
 _LOADED: dict[tuple[str, str, str], "Task"] = {}
+PRIMFUNCS_KEPT = 64  # parameter points whose PrimFunc a task keeps
 ParamsKey = tuple[tuple[str, Any], ...]
 
 
@@ -80,11 +82,27 @@ class Task:
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn_context()) as pool:
             return pool.submit(_record, kernel_path, problem, params, space_config).result()
 
+    @functools.cached_property
+    def _primfuncs(self) -> OrderedDict[ParamsKey, Any]:
+        return OrderedDict()
+
     def primfunc(self, params: dict[str, Any]) -> Any:
+        """The kernel file's PrimFunc at a parameter point, kept (least recently used
+        out): building it runs the kernel's Python through tilelang's parser (about a
+        second for the attention example), and every candidate at the point starts
+        from it. TVM IR is immutable: attaching a schedule makes a new function."""
+        key = tuple(sorted(params.items()))
+        if key in self._primfuncs:
+            self._primfuncs.move_to_end(key)
+            return self._primfuncs[key]
         try:
-            return self.spec.build(self.problem, params)
+            func = self.spec.build(self.problem, params)
         except Exception as exc:  # noqa: BLE001 - user code
             raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(params)}) failed: {compiler.one_line(exc)}") from exc
+        self._primfuncs[key] = func
+        if len(self._primfuncs) > PRIMFUNCS_KEPT:
+            self._primfuncs.popitem(last=False)
+        return func
 
     def point_info(self, params: dict[str, Any]) -> PointInfo:
         if self.recorded is not None:

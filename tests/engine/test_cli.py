@@ -59,16 +59,17 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, exam
 
 
 def test_space_prints_axes_and_counts(example_path):
-    # The cooperative form: ping-pong's two consumer roles multiply the space counted whole.
-    proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync,consumers=cooperative", "--sample", "0")
+    # The cooperative form (ping-pong's two consumer roles multiply the space counted whole), one warp split.
+    pins = "mma=sync,consumers=cooperative,split=square"
+    proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", pins, "--sample", "0")
     assert proc.returncode == 0, proc.stderr
     assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
     before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after \(", proc.stdout).groups())
     assert before > after > 10_000
-    # The default counts a sample of the 256 kernel-parameter points and says it is an estimate.
-    sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", "mma=sync,consumers=cooperative", "--sample", "16")
+    # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.
+    sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", pins, "--sample", "16")
     assert sampled.returncode == 0, sampled.stderr
-    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 256 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
+    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
     assert 0 < est_after <= est_before and before / 4 <= est_before <= 4 * before
 
 

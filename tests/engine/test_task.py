@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -54,3 +55,25 @@ def test_a_malformed_scheduled_only_is_one_line(tmp_path, example_path):
     bad.write_text(example_path.read_text().replace('SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["pingpong"]}', 'SCHEDULED_ONLY = ["async"]'))
     with pytest.raises(KernelFileError, match="SCHEDULED_ONLY must be a dict of lists"):
         load_kernel(bad)
+
+
+def test_a_point_is_built_once_and_its_candidates_do_not_touch_it(example_path, monkeypatch):
+    """The PrimFunc of a parameter point is kept for its candidates; lowering one
+    (a schedule attached, tilelang's own lowering stripped of it) leaves it as built."""
+    from ws_tuner import compiler
+    from ws_tuner.kernel import load_kernel
+
+    spec = load_kernel(example_path)
+    task = Task.make(spec, spec.parse_problem("M=4096,N=4096,K=4096"), spec.parse_params("block_K=64,persistent=false,mma=sync,split=square"))
+    built, real = [], type(spec).build
+    monkeypatch.setattr(type(spec), "build", lambda self, problem, params: built.append(params) or real(self, problem, params))
+    space = task.space()
+    params = next(p for p in space.param_points() if not isinstance(space.shape(p), str))
+    func = task.primfunc(dict(params))
+    seed = compiler.own_schedule(func)
+    candidates = [c for c in itertools.islice(space.candidates(), 50) if c.param_dict == dict(params)][:3]
+    assert len(candidates) >= 2 and len({c.hash for c in candidates}) == len(candidates)
+    lowered = [task.lowered(c)[0] for c in candidates] + [task.lowered(b)[0] for b in task.baselines(dict(params))]
+    assert built == [dict(params)]  # one build serves the point's search candidates and its baselines
+    assert task.primfunc(dict(params)).same_as(func) and compiler.own_schedule(func) == seed
+    assert [compiler.own_schedule(f) for f in lowered[: len(candidates)]] == [c.schedule for c in candidates]

@@ -180,7 +180,8 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
 
     store = open_db(db_url)
     spec = load_kernel(EXAMPLES / "gemm.py")
-    task = Task.make(spec, spec.parse_problem(SHAPE))
+    pins = "block_K=64,split=square,swizzle=8"  # 32 of the 256 points: each is lowered by both sides, three times
+    task = Task.make(spec, spec.parse_problem(SHAPE), spec.parse_params(pins))
     # The engine (as `ws-tune` does) measures 3 candidates first.
     cli = Tuner(task, store=store, builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
                 options=TuneOptions(budget=3, baselines=False, confirm_top=0)).run()  # fmt: skip
@@ -191,7 +192,7 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     token = make_token(db_url, "jobs:write")
     worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
     with live.client(token) as client:
-        job = client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "budget": 4, "strategy": "random", "seed": 1}).json()
+        job = client.post("/jobs", json={"kernel": "gemm", "problem": SHAPE, "params": pins, "budget": 4, "strategy": "random", "seed": 1}).json()
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
         assert done["state"] == "succeeded", done
         assert done["workload_id"] == cli.workload_id  # one workload: same kernel hash, problem, device, toolchain
