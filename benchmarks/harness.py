@@ -20,7 +20,7 @@ from typing import Any, Callable
 from ws_tuner import search
 from ws_tuner.builder import LocalBuilder
 from ws_tuner.candidate import Lowering
-from ws_tuner.pipeline import SEARCH, TrialRecord, TuneReport
+from ws_tuner.pipeline import TrialRecord, TuneReport
 from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
 from ws_tuner.store import open_store
 from ws_tuner.task import Task
@@ -81,7 +81,7 @@ def summary_row(report: TuneReport) -> dict[str, Any]:
         "winner_time_ci": ws.result.info.get("time_ci") if ws else None,
         "anchor": report.anchor.describe() if report.anchor else None,
         "trials": len(report.records),
-        "searched": sum(r.role == SEARCH for r in report.records),
+        "searched": report.searched,
         "out_of_time": report.out_of_time,  # the time budget ended the search before its budget was spent
         "measured": len(measured),
         "shared": report.shared,

@@ -17,7 +17,7 @@ from typing import Any
 from .candidate import Candidate
 from .kernel import KernelSpec, load_kernel
 from .store import Store, StoredTrial, open_store, resolve_db_url
-from .task import Task
+from .task import Task, params_key
 from .workload import Environment, WorkloadKey
 
 
@@ -108,7 +108,7 @@ def compile_best(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str,
     candidate = best_schedule(task.spec, task.problem, **kw)
     if candidate is None:
         params = params or {k: v[0] for k, v in task.spec.params.items()}
-        seed = task.space().seed_candidate(tuple(sorted(params.items())))
+        seed = task.space().seed_candidate(params_key(params))
         if isinstance(seed, str):
             raise compiler.CompilerError(f"no stored schedule, and the seed at {params} is invalid: {seed}")
         candidate = seed

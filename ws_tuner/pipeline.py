@@ -137,6 +137,11 @@ class TuneReport:
         return out
 
     @property
+    def searched(self) -> int:
+        """Search candidates in the report, stored by earlier runs or measured in this one."""
+        return sum(r.role == SEARCH for r in self.records)
+
+    @property
     def wrong_fraction(self) -> float | None:
         """Of the candidates the search measured in this run, the share the correctness
         gate stored as WRONG (issue 9's goal: under 2%); None when none was measured."""

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from . import compiler
 from .candidate import Candidate, Lowering, canonical_json
@@ -21,6 +20,11 @@ PRIMFUNCS_KEPT = 64  # parameter points whose PrimFunc a task keeps
 ParamsKey = tuple[tuple[str, Any], ...]
 
 
+def params_key(params: dict[str, Any]) -> ParamsKey:
+    """A parameter point as a hashable key (and as the space names its points)."""
+    return tuple(sorted(params.items()))
+
+
 @dataclass(frozen=True)
 class Recorded:
     """The answers a kernel file's own code gave the schedule space (its seeds
@@ -32,13 +36,13 @@ class Recorded:
     vendors: tuple[str, ...] = ()
 
     def info(self, params: dict[str, Any]) -> PointInfo:
-        found = self.infos[tuple(sorted(params.items()))]
+        found = self.infos[params_key(params)]
         if isinstance(found, Exception):
             raise found
         return found
 
     def check(self, params: dict[str, Any], schedule: Any) -> str | None:
-        return self.checks[(tuple(sorted(params.items())), canonical_json(schedule.to_json()) if schedule else None)]
+        return self.checks[(params_key(params), canonical_json(schedule.to_json()) if schedule else None)]
 
 
 @dataclass(frozen=True)
@@ -82,27 +86,23 @@ class Task:
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn_context()) as pool:
             return pool.submit(_record, kernel_path, problem, params, space_config).result()
 
-    @functools.cached_property
-    def _primfuncs(self) -> OrderedDict[ParamsKey, Any]:
-        return OrderedDict()
-
     def primfunc(self, params: dict[str, Any]) -> Any:
         """The kernel file's PrimFunc at a parameter point, kept (least recently used
         out): building it runs the kernel's Python through tilelang's parser (about a
         second for the attention example), and every candidate at the point starts
         from it. TVM IR is immutable: attaching a schedule makes a new function."""
-        key = tuple(sorted(params.items()))
-        if key in self._primfuncs:
-            self._primfuncs.move_to_end(key)
-            return self._primfuncs[key]
-        try:
-            func = self.spec.build(self.problem, params)
-        except Exception as exc:  # noqa: BLE001 - user code
-            raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(params)}) failed: {compiler.one_line(exc)}") from exc
-        self._primfuncs[key] = func
-        if len(self._primfuncs) > PRIMFUNCS_KEPT:
-            self._primfuncs.popitem(last=False)
-        return func
+        return self._built(params_key(params))
+
+    @functools.cached_property
+    def _built(self) -> Callable[[ParamsKey], Any]:
+        @functools.lru_cache(maxsize=PRIMFUNCS_KEPT)  # per task: a failed build is not kept, and raises again
+        def build(key: ParamsKey) -> Any:
+            try:
+                return self.spec.build(self.problem, dict(key))
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(dict(key))}) failed: {compiler.one_line(exc)}") from exc
+
+        return build
 
     def point_info(self, params: dict[str, Any]) -> PointInfo:
         if self.recorded is not None:
@@ -154,7 +154,7 @@ class Task:
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering and role_based, at one point
         (tilelang's own lowerings only where the kernel is right in any order)."""
-        seed = self.space().seed_candidate(tuple(sorted(params.items())))
+        seed = self.space().seed_candidate(params_key(params))
         lowerings = () if self.spec.needs_schedule(params) else (Lowering.DEFAULT, Lowering.ROLE_BASED)
         out = [Candidate.make(params, None, lowering) for lowering in lowerings]
         return ([seed] if isinstance(seed, Candidate) else []) + out
@@ -168,7 +168,7 @@ def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None,
     checks: dict[tuple[ParamsKey, str | None], str | None] = {}
 
     def info(params: dict[str, Any]) -> PointInfo:
-        key = tuple(sorted(params.items()))
+        key = params_key(params)
         try:
             infos[key] = task.point_info(params)
         except Exception as exc:  # noqa: BLE001 - recorded, raised again where it is looked up
@@ -177,7 +177,7 @@ def _record(kernel_path: str, problem: dict[str, Any] | str, params: str | None,
         return infos[key]  # type: ignore[return-value]
 
     def check(params: dict[str, Any], schedule: Any) -> str | None:
-        key = (tuple(sorted(params.items())), canonical_json(schedule.to_json()) if schedule else None)
+        key = (params_key(params), canonical_json(schedule.to_json()) if schedule else None)
         checks[key] = task.check(params, schedule)
         return checks[key]
 

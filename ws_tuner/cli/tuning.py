@@ -22,7 +22,7 @@ from .common import (
     handles_errors,
     out,
 )
-from .progress import SEARCH, TuneProgress, counting
+from .progress import TuneProgress, counting
 
 # --- tune -------------------------------------------------------------------
 
@@ -108,8 +108,7 @@ def _print_report(report: Any, task: Any) -> None:
                      f"{report.shared} sharing another's generated code)")  # fmt: skip
     out.print(table)
     if report.out_of_time:  # a budget shorter than preparing the points leaves the baselines only: say so
-        searched = sum(r.role == SEARCH for r in report.records)
-        out.print(f"the time budget ended the search after {searched} searched candidate(s); every baseline was measured")
+        out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
     if report.compile_only:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
         return
