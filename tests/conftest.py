@@ -53,12 +53,16 @@ def gemm_task(gemm_spec):
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run only where an NVIDIA GPU is visible."""
+    """GPU tests run only where an NVIDIA GPU is visible, and in one process:
+    they time kernels, which parallel workers (``-n``) sharing the GPU would distort."""
     from ws_tuner.runner import gpu_available
 
-    if gpu_available():
+    if not gpu_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA Hopper GPU")
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        skip = pytest.mark.skip(reason="GPU tests time kernels on one GPU: run them without -n")
+    else:
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA Hopper GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
