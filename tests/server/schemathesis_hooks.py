@@ -2,8 +2,9 @@
 command line): drop generated path and query values that cannot be sent as
 generated, so that the request arriving is the one the generator meant.
 
-On the wire a path or a query string is text: the string "8" for an integer
-parameter, or "true" for a boolean, is the valid value itself; None, or a list
+On the wire a path or a query string is text, which the server percent-decodes:
+for an integer parameter the string "8", its escape "%38" or the list [8] (sent
+as "8") is the valid value itself, as "true" is for a boolean; None, or a list
 of nothing but None, vanishes from the URL. The negative-data check would
 otherwise blame the server for accepting the valid request it received."""
 
@@ -11,10 +12,21 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 import schemathesis
 
 _SENT_AS = {"integer": re.compile(r"-?[0-9]+"), "number": re.compile(r"-?[0-9]+(\.[0-9]+)?"), "boolean": re.compile(r"true|false")}
+_NATIVE = {"integer": (int,), "number": (int, float), "boolean": (bool,)}
+
+
+def _wire(value: Any) -> str:
+    """The text the server reads: percent-decoded; a list in the simple/form style (items joined by commas)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_wire(v) for v in value)
+    return unquote(value) if isinstance(value, str) else str(value)
 
 
 def _sendable(ctx: Any, location: str, values: Any) -> bool:
@@ -25,8 +37,11 @@ def _sendable(ctx: Any, location: str, values: Any) -> bool:
     for name, value in values.items():
         if value is None or (isinstance(value, list) and all(v is None for v in value)):
             return False
-        pattern = _SENT_AS.get(declared.get(name))
-        if isinstance(value, str) and pattern is not None and pattern.fullmatch(value):
+        kind = declared.get(name)
+        if kind not in _SENT_AS:
+            continue
+        native = isinstance(value, _NATIVE[kind]) and (kind == "boolean" or not isinstance(value, bool))
+        if not native and _SENT_AS[kind].fullmatch(_wire(value)):  # "8", "%38", [8]: the valid value, as sent
             return False
     return True
 
