@@ -16,8 +16,10 @@ from urllib.parse import unquote
 
 import schemathesis
 
-_SENT_AS = {"integer": re.compile(r"-?[0-9]+"), "number": re.compile(r"-?[0-9]+(\.[0-9]+)?"), "boolean": re.compile(r"true|false")}
-_NATIVE = {"integer": (int,), "number": (int, float), "boolean": (bool,)}
+# Per declared type: the text of a valid value, and the Python types the generator gives valid values
+# (``type``, not isinstance: True is no integer here).
+_VALID = {"integer": (re.compile(r"-?[0-9]+"), (int,)), "number": (re.compile(r"-?[0-9]+(\.[0-9]+)?"), (int, float)),
+          "boolean": (re.compile(r"true|false"), (bool,))}  # fmt: skip
 
 
 def _wire(value: Any) -> str:
@@ -37,11 +39,8 @@ def _sendable(ctx: Any, location: str, values: Any) -> bool:
     for name, value in values.items():
         if value is None or (isinstance(value, list) and all(v is None for v in value)):
             return False
-        kind = declared.get(name)
-        if kind not in _SENT_AS:
-            continue
-        native = isinstance(value, _NATIVE[kind]) and (kind == "boolean" or not isinstance(value, bool))
-        if not native and _SENT_AS[kind].fullmatch(_wire(value)):  # "8", "%38", [8]: the valid value, as sent
+        pattern, native = _VALID.get(declared.get(name), (None, ()))
+        if pattern is not None and type(value) not in native and pattern.fullmatch(_wire(value)):  # "8", "%38", [8]
             return False
     return True
 
