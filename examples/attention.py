@@ -7,9 +7,9 @@ block through two pipelines; the consumers compute S = Q K^T, the online
 softmax, and O += P V, and write O through shared memory with a TMA store.
 
 The source is the plain program (what tilelang's own lowerings build); the
-seed schedule reorders it as FlashAttention-3 does: S of block k, then the
-P V product of block k-1 (V consumed one stage behind K), then the softmax
-of block k, then the rescale of O.
+seed schedule reorders it as FlashAttention-3 does (``order="shifted"``): S
+of block k, then the P V product of block k-1 (V consumed one stage behind
+K), then the softmax of block k, then the rescale of O.
 
 Kernel-side variants (PARAMS):
 - ``mma``: "sync" is T.gemm (on Hopper a wgmma and its wait<0>); "async" is
@@ -89,6 +89,14 @@ Kernel-side variants (PARAMS):
   (H200 run 15: 0.5-4% slower than cooperative in the async form. There
   the warpgroups already overlap the tensor pipe 82% busy, and the turns
   add instructions.)
+- ``order`` (sync only): the seed's order of a step. "shifted" is
+  FlashAttention-3's above; "plain" keeps the program's, S, softmax, then
+  P V of the same block (V at K's stage). The shifted order keeps S of block
+  k and P of block k-1 live together: three consumer warpgroups (block_M
+  192) at D=128 cannot hold that in their 160 registers and spill (H200 run
+  19: 390-410 TFLOP/s), while the plain order fits, as tilelang's own
+  lowering of it does (592 there, its best D=128 kernel). The program is the
+  same at both values, only the seed differs.
 
 check() also refuses schedules that break this data flow, which
 MaterializeWSSchedule's verifier does not track.
@@ -113,13 +121,15 @@ PARAMS = {
     "store": ["consumer", "role"],  # persistent: who writes O to global memory (see the module docstring)
     "exp": ["exp2", "ftz", "poly"],  # the softmax's exponential: exp2f, ex2.approx.ftz (one MUFU.EX2, no denormal path), or ftz with 1/4 on the FMA pipe
     "reduce": ["row", "lane"],  # the softmax's row max and sum: whole rows each step, or per-lane partials first (sum deferred)
+    "order": ["shifted", "plain"],  # sync: the seed's step, P V one block behind (FlashAttention-3) or the program's own
 }
 # Async waits and ping-pong turns are right only in the seed's order (tilelang's
 # own lowerings of them deadlock or fail to build): baselines use the rest. The
 # persistent form is right in the plain order too: role_based builds it, the
 # default lowering fails to ("ProducerConsumerWS: failed to replace pipeline
-# loop"), which costs a baseline its build only.
-SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["alternating", "pingpong"]}
+# loop"), which costs a baseline its build only. order="plain" is the same program
+# as "shifted" (only the seed differs): its baselines are those built there.
+SCHEDULED_ONLY = {"mma": ["async"], "consumers": ["alternating", "pingpong"], "order": ["plain"]}
 OUTPUTS = [3]
 TOLERANCE = 1e-2
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; the softmax keeps each row inside one warp
@@ -193,6 +203,9 @@ def check(problem, params, schedule):
     copies = 2 if pingpong else 1  # ping-pong duplicates every buffer
     q_buffers = params.get("q_buffers", 1)
     store_role = params.get("store", "consumer") == "role"
+    plain = params.get("order", "shifted") == "plain"
+    if plain and params["mma"] == "async":
+        return "order=plain is the sync form: the async waits retire S of a block under the P V product of the one before, issued after it"
     if not params.get("persistent") and (q_buffers > 1 or store_role):
         return "q_buffers > 1 and store=role only serve a persistent kernel (one tile per block has nothing to overlap)"
     smem = copies * itemsize * D * (q_buffers * rows + 2 * bn * params["stages"] + rows)  # Q, K, V, O
@@ -203,8 +216,10 @@ def check(problem, params, schedule):
         for p in range(len(_consumer_roles(params))):
             if any({f"K_{p}", f"V_{p}"} <= set(pipe.buffers) for pipe in schedule.pipelines):
                 return f"K_{p} and V_{p} share a pipeline: the P V product of a block would wait for the next K"
-            # S of block k, then P V of block k-1: the seed's order is right only so.
-            if f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
+            # Shifted: S of block k, then P V of block k-1; plain: P V of block k. Right only so.
+            if plain and f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"]:
+                return f"V_{p} must be consumed at K_{p}'s stage (order=plain: P V of the same block)"
+            if not plain and f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
                 return f"V_{p} must be consumed one stage after K_{p} (P V of the previous block)"
             # The loop's last step frees its V stage right after issuing the async P V
             # product (the drain's wait comes after the loop). A single Q buffer, freed
@@ -234,9 +249,11 @@ def check(problem, params, schedule):
                 return f"a ping-pong turn is one warpgroup per consumer (named barriers of {TURN_THREADS} threads); {role.name} has {role.warps} warps"
             if alternating and role.warps != 4 * groups:
                 return f"alternating turns pass among the kernel's {groups} warpgroups; {role.name} has {role.warps} warps"
-            # Registers per thread: the fp32 O and S accumulators and P (fp16), plus
+            # Registers per thread: the fp32 O and S accumulators and, in the shifted order,
+            # the previous block's P (fp16) beside them (in the plain order P replaces S), plus
             # addresses and softmax state; past the budget they spill (several times slower).
-            need = (rows * D + rows * bn + rows * bn // 2) // (32 * role.warps) + REGISTER_OVERHEAD
+            live_p = 0 if plain else rows * bn // 2
+            need = (rows * D + rows * bn + live_p) // (32 * role.warps) + REGISTER_OVERHEAD
             budget = role.max_nreg or min(255, 65536 // (32 * schedule.num_warps))
             if need > budget:
                 return f"role {role.name} needs about {need} registers per thread, more than its {budget}"
@@ -255,7 +272,7 @@ class Part:
             setattr(self, name, buf)
 
 
-def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=False, q_buffers=1, store="consumer", exp="exp2", reduce="row"):
+def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=False, q_buffers=1, store="consumer", exp="exp2", reduce="row", order="shifted"):
     B, H, S, D = problem["B"], problem["H"], problem["S"], problem["D"]
     dtype, accum = problem["dtype"], "float32"
     causal = bool(problem["causal"])
@@ -323,6 +340,8 @@ def kernel(problem, *, block_M, block_N, stages, mma, consumers, persistent=Fals
             if asynchronous:  # each wgmma retired by a wait before its stage is freed
                 body = [W(k, 0), *ops("qk"), W(v, 1), *ops("pv"), *give, *ops("wait_s"), R(k, 0), *mask,
                         *ops("softmax", "wait_o"), R(v, 1), *ops("rescale")]  # fmt: skip
+            elif order == "plain":  # the program's own order
+                body = [W(k, 0), *ops("qk"), R(k, 0), *give, *mask, *ops("softmax", "rescale"), W(v, 0), *ops("pv"), R(v, 0)]
             else:
                 body = [W(k, 0), *ops("qk"), R(k, 0), W(v, 1), *ops("pv"), R(v, 1), *give, *mask, *ops("softmax", "rescale")]
             loop_bodies[role] = turn + body

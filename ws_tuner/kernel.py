@@ -36,6 +36,8 @@ A kernel file is a Python module that defines, at top level:
     schedule gives it (asynchronous MMA waits the seed places, say):
     tilelang's default and role_based lowerings, which reorder the plain
     program as they see fit, are not built as baselines at such points.
+    Also values that change only the seed, not the program: the same
+    baselines are built at the parameter's other values.
 ``TOLERANCE: float`` (optional, default 1e-2)
     Largest relative error ``|out - ref| / |ref|`` that counts as correct.
 ``vendors(problem: dict) -> dict[str, Callable[[list], list]]`` (optional)
@@ -101,7 +103,7 @@ class KernelSpec:
         return self._call("vendors", problem)[name]
 
     def needs_schedule(self, params: dict[str, Any]) -> bool:
-        """Whether the kernel at ``params`` is right only under its seed's order (``SCHEDULED_ONLY``)."""
+        """Whether tilelang's own lowerings are left out at ``params`` (``SCHEDULED_ONLY``)."""
         return any(params.get(k) in values for k, values in self.scheduled_only.items())
 
     def check(self, problem: dict[str, Any], params: dict[str, Any], schedule: Any = None) -> str | None:

@@ -322,31 +322,38 @@ class Variants:
 
     # --- the verifier's deadlock model ---------------------------------------
     def deadlock(self, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
-        """MaterializeWSSchedule's deadlock check: every role's sync events under
-        the mbarrier parity model, each loop modelled at max depth + 1 trips."""
+        """MaterializeWSSchedule's deadlock check, made sound: every role's sync
+        events under the mbarrier parity model, each loop at max depth + 1 trips
+        (the verifier's count) plus the stage spread. An entry ``s`` iterations
+        behind its body's first holds its pipeline ``s`` stages longer, so a
+        cycle can take that many more trips to close: the verifier's count
+        passed a producer that loads V two stages behind K, at depth 1 each,
+        against a consumer that waits for V at K's stage (it hung on an H200)."""
         depth = plan.depth_vector(depths)
-        trips = max(2, max(depth, default=0) + 1)
-        blocked = self.deadlocks.blocked(*self._events(plan, stages, trips), depth)
+        key, events, trips = self._events(plan, stages, max(2, max(depth, default=0) + 1))
+        blocked = self.deadlocks.blocked(key, events, depth)
         if not blocked:
             return None
         where = ", ".join(f"{plan.roles[r]} at {EVENT_KINDS[code].lower()}({plan.pipelines[p].name})" for r, (code, p) in blocked)
         return f"deadlock: {where} (mbarrier parity model, loops at {trips} trips)"
 
     @functools.cache
-    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[int, tuple[tuple[tuple[int, int], ...], ...]]:
-        """Each role's sync events in emitted order (FlattenRoleEvents), as (kind, pipeline index), and their id."""
+    def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[int, tuple[tuple[tuple[int, int], ...], ...], int]:
+        """Each role's sync events in emitted order (FlattenRoleEvents), as (kind,
+        pipeline index), their id, and the trips (``trips`` plus the stage spread)."""
         roles = tuple(Role(name, 0, 1) for name in plan.roles)
         schedule = self.schedule_for(plan, [1] * len(plan.varied), stages, roles, 4)
         assert not isinstance(schedule, str)
         scopes = {s.id: s for s in schedule.scopes}
         pipe_of = {b: p.name for p in schedule.pipelines for b in p.buffers}
         deltas = {(s.id, role): self.seed.deltas(role, body, pipe_of) for s in schedule.scopes for role, body in s.bodies}
+        trips += max((d for body in deltas.values() for d in body), default=0)
 
         index = {p.name: i for i, p in enumerate(plan.pipelines)}
         events = []
         for role in plan.roles:
             flat = flatten_events(scopes, role, deltas, trips)
             events.append(tuple((EVENT_KINDS.index(e.kind), index[e.pipeline]) for e in flat))
-        return self.deadlocks.intern(tuple(events)), tuple(events)
+        return self.deadlocks.intern(tuple(events)), tuple(events), trips
 
 

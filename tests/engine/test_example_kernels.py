@@ -99,14 +99,16 @@ def test_every_allowed_attention_variant_verifies(attention, changes):
     for grid in grids:
         for params, func, seed in allowed_variants(attention, problem, grid):
             verify(func, seed)
-            seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"]))
+            seen.add((params["mma"], params["consumers"], params["persistent"], params["block_M"], params["q_buffers"], params["store"], params["order"]))
             for k in pinned:
                 values[k].add(params[k])
     forms = attention.params["consumers"]  # cooperative, alternating, pingpong
     assert {v[:3] for v in seen} == set(itertools.product(("sync", "async"), forms, (False, True)))
     assert {v[3] for v in seen} == {64, 128, 192}  # one to three consumer warpgroups
     # A second Q buffer and the Storer warp: persistent only, with every mma and consumer form.
-    assert {v[:3] for v in seen if v[4:] == (2, "role")} == set(itertools.product(("sync", "async"), forms, (True,)))
+    assert {v[:3] for v in seen if v[4:6] == (2, "role")} == set(itertools.product(("sync", "async"), forms, (True,)))
+    # The program's own order: the sync form, every consumer form and tile walk.
+    assert {v[:3] for v in seen if v[6] == "plain"} == set(itertools.product(("sync",), forms, (False, True)))
     assert values == {k: set(attention.params[k]) for k in pinned}
 
 
@@ -157,6 +159,8 @@ def test_every_allowed_gemm_pingpong_variant_verifies(gemm):
         ({}, {"persistent": True, "q_buffers": 2, "store": "role"}, None),
         # Q 3 x 32 KB + K, V 2 x 2 x 32 KB + O 32 KB at D=128 with block_M=192 (48 KB tiles): over the SM.
         ({}, {"persistent": True, "q_buffers": 2, "block_M": 192}, "shared memory"),
+        ({}, {"order": "plain"}, "order=plain is the sync form"),  # ATTN_PARAMS are async
+        ({}, {"order": "plain", "mma": "sync", "block_M": 192, "persistent": True}, None),
     ],
 )
 def test_attention_check_refuses_what_cannot_work(attention, problem, params, needle):
@@ -206,6 +210,16 @@ def test_check_refuses_schedules_that_break_the_data_flow(attention, gemm):
     assert attention.check(ATTN_PROBLEM, params, seed) is None
     half = seed.with_(roles=tuple(Role(r.name, r.warp_lo, r.warp_lo + 4, r.max_nreg) if r.name == "Consumer" else r for r in seed.roles))
     assert "pass among the kernel's 2 warpgroups" in attention.check(ATTN_PROBLEM, params, half)
+    # The plain order: P V of the same block, so V at K's stage and nowhere else.
+    params = {**ATTN_PARAMS, "mma": "sync", "order": "plain"}
+    seed = Task.make(attention, ATTN_PROBLEM).point_info(params).seed
+    assert attention.check(ATTN_PROBLEM, params, seed) is None
+    assert "V_0 must be consumed at K_0's stage" in attention.check(ATTN_PROBLEM, params, _with_stage(seed, "v0", 1))
+    # Three consumer warpgroups at D=128 hold S and P of two blocks only in the plain order.
+    for order, refused in (("shifted", True), ("plain", False)):
+        params = {**ATTN_PARAMS, "mma": "sync", "block_M": 192, "order": order}
+        reason = attention.check(ATTN_PROBLEM, params, Task.make(attention, ATTN_PROBLEM).point_info(params).seed)
+        assert ("registers per thread" in reason) if refused else reason is None
     # The token released at the stage of A and B: a stage freed under a running wgmma.
     params = {**GEMM_PARAMS, "mma": "async"}
     seed = Task.make(gemm, GEMM_PROBLEM).point_info(params).seed

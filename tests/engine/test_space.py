@@ -456,6 +456,26 @@ def test_the_deadlock_model_agrees_with_the_verifier(space, gemm_task):
     assert verdicts["model"] == verdicts["verifier"] > 0
 
 
+def test_the_deadlock_model_runs_loops_long_enough_for_the_stage_spread(seeds):
+    """A producer that loads V two stages behind K, at depth 1 each, against a consumer
+    that waits for V at K's stage: the producer must take K of two more iterations
+    before it gets to V, and the consumer frees only one. MaterializeWSSchedule's
+    verifier, whose loops run max depth + 1 trips, passes it; it hung on an H200
+    (run 20, three times). The space refuses it."""
+    task = seeds["flash_fwd.py"]
+    params = (("block_N", 64), ("mma", "sync"))
+    shape = task.space().shape(params)
+    plan = shape.plan(SEPARATE)
+    assert [(g.role, g.pipelines) for g in plan.groups] == [("producer", ("k",)), ("producer", ("v",)), ("consumer", ("k",)), ("consumer", ("v",))]
+    stages, depths = (0, 2, 0, 0), (1, 1)
+    reason = shape.variants.deadlock(plan, stages, depths)
+    assert reason is not None and "producer at producer_acquire(k)" in reason and "consumer at consumer_wait(v)" in reason
+    assert shape.variants.deadlock(plan, stages, (2, 1)) is None  # a second K stage lets the producer reach V
+    roles, num_warps = shape.roles(next(iter(shape.splits)), plan, [r.max_nreg for r in shape.seed.roles])
+    prepared, _ = compiler.prepare(task.primfunc(dict(params)))
+    compiler.verify(compiler.attach(prepared, shape.variants.schedule_for(plan, depths, stages, roles, num_warps)))  # passes
+
+
 # --- the GEMM example's async seed and persistent epilogue ---------------------
 
 ASYNC_PERSISTENT = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("epilogue", "smem"), ("mma", "async"), ("persistent", True), ("swizzle", 8))

@@ -41,8 +41,9 @@ GEMM_PARAMS = {"block_M": 128, "block_N": 256, "block_K": 64, "swizzle": 8}
 def attention_variants(spec, problem):
     """Each (mma, consumers, stages, persistent) at the first block sizes check()
     allows; three consumer warpgroups (block_M 192) where check() allows them; and
-    reduce="lane" with each mma and tile walk, with exp="poly" and without; and
-    warpgroups that alternate at the tensor cores, two and three of them."""
+    reduce="lane" with each mma and tile walk, with exp="poly" and without;
+    warpgroups that alternate at the tensor cores, two and three of them; and the
+    sync form in the program's own order, with each consumer form."""
     for mma, consumers, stages, persistent in itertools.product(("sync", "async"), ("cooperative", "pingpong"), (1, 2), (False, True)):
         for block_N in (128, 64):
             params = {"block_M": 128, "block_N": block_N, "stages": stages, "mma": mma, "consumers": consumers, "persistent": persistent}
@@ -62,6 +63,12 @@ def attention_variants(spec, problem):
     for mma, block_M, persistent in (("sync", 128, True), ("async", 128, True), ("sync", 192, False), ("async", 192, False)):
         # The role's warpgroups taking turns at the tensor cores (two, or three at block_M 192).
         params = {"block_M": block_M, "block_N": 128, "stages": 2, "mma": mma, "consumers": "alternating", "persistent": persistent, "reduce": "lane"}
+        if spec.check(problem, params, None) is None:
+            yield params
+    for consumers, block_M, block_N, persistent in (("cooperative", 192, 128, False), ("cooperative", 192, 128, True), ("pingpong", 128, 64, True),
+                                                    ("alternating", 128, 128, False)):  # fmt: skip
+        params = {"block_M": block_M, "block_N": block_N, "stages": 2, "mma": "sync", "consumers": consumers,
+                  "persistent": persistent, "reduce": "lane", "exp": "ftz", "order": "plain"}  # fmt: skip
         if spec.check(problem, params, None) is None:
             yield params
 
