@@ -321,16 +321,17 @@ class Variants:
         return sorted(items, key=lambda it: it.order)
 
     # --- the verifier's deadlock model ---------------------------------------
-    def deadlock(self, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...]) -> str | None:
+    def deadlock(self, plan: Plan, stages: tuple[int, ...], depths: tuple[int, ...], extra_trips: int = 0) -> str | None:
         """MaterializeWSSchedule's deadlock check, made sound: every role's sync
         events under the mbarrier parity model, each loop at max depth + 1 trips
         (the verifier's count) plus the stage spread. An entry ``s`` iterations
         behind its body's first holds its pipeline ``s`` stages longer, so a
         cycle can take that many more trips to close: the verifier's count
         passed a producer that loads V two stages behind K, at depth 1 each,
-        against a consumer that waits for V at K's stage (it hung on an H200)."""
+        against a consumer that waits for V at K's stage (it hung on an H200).
+        ``extra_trips``: longer loops, for tests (no verdict may change)."""
         depth = plan.depth_vector(depths)
-        key, events, trips = self._events(plan, stages, max(2, max(depth, default=0) + 1))
+        key, events, trips = self._events(plan, stages, max(2, max(depth, default=0) + 1) + extra_trips)
         blocked = self.deadlocks.blocked(key, events, depth)
         if not blocked:
             return None
