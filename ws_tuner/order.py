@@ -107,6 +107,11 @@ def simulate(events: tuple[tuple[tuple[int, int], ...], ...], depth: list[int]) 
     return [(r, flat[cursors[r]]) for r, flat in enumerate(events) if cursors[r] < len(flat)]
 
 
+def verifier_trips(depth: tuple[int, ...]) -> int:
+    """The trips at which VerifyDeadlockFree runs each loop: max depth + 1, at least 2."""
+    return max(2, max(depth, default=0) + 1)
+
+
 class DeadlockModel:
     """``simulate`` with its verdicts remembered, for every seed of a space:
     plans of different seeds often flatten to the same events. Within one trip
@@ -141,10 +146,10 @@ class DeadlockModel:
         found = self._verdicts.get(packed)
         if found is not None:
             return found
-        trips = max(2, max(depth, default=0) + 1)
+        trips = verifier_trips(depth)
         for i, d in enumerate(depth):
             lower = depth[:i] + (d - 1,) + depth[i + 1 :]
-            if d > 1 and max(2, max(lower) + 1) == trips and self._verdicts.get(packed - (1 << _DEPTH_BITS * i)) == ():
+            if d > 1 and verifier_trips(lower) == trips and self._verdicts.get(packed - (1 << _DEPTH_BITS * i)) == ():
                 found = ()
                 break
         else:

@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .order import CLOSE_OF, EVENT_KINDS, DeadlockModel, Item, flatten_events, order_edge, stable_order
+from .order import CLOSE_OF, EVENT_KINDS, DeadlockModel, Item, flatten_events, order_edge, stable_order, verifier_trips
 from .schedule import CONSUMER_SYNCS, PRODUCER_SYNCS, Instr, Pipeline, Role, Schedule, Scope, Sync
 from .seed import BodyKey, Movable, Seed
 
@@ -331,7 +331,7 @@ class Variants:
         against a consumer that waits for V at K's stage (it hung on an H200).
         ``extra_trips``: longer loops, for tests (no verdict may change)."""
         depth = plan.depth_vector(depths)
-        key, events, trips = self._events(plan, stages, max(2, max(depth, default=0) + 1) + extra_trips)
+        key, events, trips = self._events(plan, stages, verifier_trips(depth) + extra_trips)
         blocked = self.deadlocks.blocked(key, events, depth)
         if not blocked:
             return None
