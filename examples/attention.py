@@ -217,10 +217,9 @@ def check(problem, params, schedule):
             if any({f"K_{p}", f"V_{p}"} <= set(pipe.buffers) for pipe in schedule.pipelines):
                 return f"K_{p} and V_{p} share a pipeline: the P V product of a block would wait for the next K"
             # Shifted: S of block k, then P V of block k-1; plain: P V of block k. Right only so.
-            if plain and f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"]:
-                return f"V_{p} must be consumed at K_{p}'s stage (order=plain: P V of the same block)"
-            if not plain and f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + 1:
-                return f"V_{p} must be consumed one stage after K_{p} (P V of the previous block)"
+            if f"K_{p}" in stages and stages.get(f"V_{p}") != stages[f"K_{p}"] + (0 if plain else 1):
+                where = f"at K_{p}'s stage (order=plain: P V of the same block)" if plain else f"one stage after K_{p} (P V of the previous block)"
+                return f"V_{p} must be consumed {where}"
             # The loop's last step frees its V stage right after issuing the async P V
             # product (the drain's wait comes after the loop). A single Q buffer, freed
             # after the drain, keeps a persistent producer from loading the next tile's
