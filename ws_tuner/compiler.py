@@ -8,6 +8,7 @@ with MaterializeWSSchedule, and compiles.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import logging
@@ -19,6 +20,7 @@ from typing import Any
 
 import tilelang
 import tilelang.language as T
+import tvm_ffi
 from tilelang import tvm
 from tvm.tirx import stmt_functor
 
@@ -27,6 +29,29 @@ from .schedule import SYNC_KINDS, OpAccess, Pipeline, Role, Schedule, Scope, Syn
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
+
+
+def _keep_ctrl_c() -> None:
+    """A Ctrl-C must reach Python as KeyboardInterrupt, wherever TVM is when it lands.
+
+    TVM's analyzer falls back to Z3, and every Z3 solver check installs its own
+    SIGINT handler for its duration: a Ctrl-C landing then only cancels that one
+    check (a tuning ran on to its end), and Z3's handler takes a lock that the
+    interrupted thread may hold (the process hangs). Z3's global ``ctrl_c=false``
+    turns that handler off; it must reach the copy of libz3 TVM loaded, found in
+    this process's maps. And tvm-ffi re-raises an error from a Python callback by
+    its type's registered name: KeyboardInterrupt is not registered, so one raised
+    in a callback (``post_order_visit`` below, tilelang's own) came back as a
+    RuntimeError and read as a rejected schedule.
+    """
+    tvm_ffi.register_error("KeyboardInterrupt", KeyboardInterrupt)
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split()[-1] for line in maps if os.path.basename(line.split()[-1]).startswith("libz3.so")}
+    for path in loaded:
+        ctypes.CDLL(path).Z3_global_param_set(b"ctrl_c", b"false")
+
+
+_keep_ctrl_c()
 
 ARCH = "sm_90a"
 WS_ANNOTATION = "tl.ws_schedule"
