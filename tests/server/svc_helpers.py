@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,9 +41,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
 def log_story(log: str, lines: int = 60, tail: int = 1500) -> str:
     """What a failed assertion on a process's log shows: its own timestamped lines
     (faulthandler's stack dumps left out, which otherwise fill a plain tail), the
-    last ``lines`` of them, then the log's last ``tail`` characters."""
+    last ``lines`` of them, the first stack dump whole (taken while the process was
+    late: it names the wait), then the log's last ``tail`` characters."""
     own = [ln for ln in log.splitlines() if ln[:4].isdigit() and ln[4:5] == "-"]
-    return "\n".join(own[-lines:]) + "\n--- end of the log ---\n" + log[-tail:]
+    dump = re.search(r"^Timeout \(.*?(?=^\d{4}-|^Timeout \(|\Z)", log, re.M | re.S)
+    first = f"--- first stack dump ---\n{dump.group(0)}" if dump else ""
+    return "\n".join(own[-lines:]) + "\n" + first + "--- end of the log ---\n" + log[-tail:]
 
 
 def fake_key(device: str = "dev") -> "WorkloadKey":
