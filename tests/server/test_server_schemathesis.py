@@ -12,8 +12,10 @@ name (422), cancelling a job that has finished (409), a body over the server's
 byte limit (413; the schema counts characters). Those four operations may
 answer so to schema-valid data; every other operation may not. And a request
 refused for its size (413) counts as refused, as a 422 would. 5xx is never
-expected. A hook (schemathesis_hooks.py) drops generated query values that
-cannot be sent (an empty list vanishes from the URL).
+expected. Hooks (schemathesis_hooks.py) drop generated path and query values
+that cannot be sent as generated (an empty list vanishes from the URL; the list
+[8] reads as the valid 8), and give such a value of the coverage phase, which
+runs no filter hook, the valid form it is read as.
 
 Kept to a few dozen examples per operation so that the suite stays fast; run
 with WS_TUNE_FUZZ_EXAMPLES=500 for a longer hunt. The schemathesis command line
@@ -129,6 +131,25 @@ def test_schemathesis_command_line(fuzzed: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[run.stdout.find("FAILURES"):][:6000]
     assert "Failures:" not in run.stdout and "Test cases:" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.parametrize("sent, query, mode", [("3", {}, "positive"), (["3"], None, "positive"), ("%33", {"limit": "5"}, "positive"),
+                                              ("3", {"limit": "2.06"}, "negative"), ("0", {}, "negative"), ("false", {}, "negative")])  # fmt: skip
+def test_a_coverage_value_read_as_a_valid_one_is_checked_as_valid(sent: Any, query: Any, mode: str) -> None:
+    """The coverage phase means a job id "3" (a random string, or the list [3]) as wrongly
+    typed; the server reads the integer 3, and a 200 to it is no accepted negative data."""
+    from schemathesis.generation import GenerationMode
+    from schemathesis.generation.hypothesis.builder import _iter_coverage_cases
+
+    operation = schema["/api/v1/jobs/{job_id}/trials"]["GET"]
+    case = next(c for c in _iter_coverage_cases(operation=operation, generation_modes=[GenerationMode.NEGATIVE],
+                                                generate_duplicate_query_parameters=False, unexpected_methods=set(),
+                                                generation_config=schema.config.generation) if c.meta.phase.data.parameter == "job_id")  # fmt: skip
+    case.path_parameters, case.query = {"job_id": sent}, query
+    assert case.meta.generation.mode.is_negative
+    schemathesis_hooks.before_call(None, case, {})
+    assert case.meta.generation.mode.value == mode
+    assert case.formatted_path.endswith(f"/{case.path_parameters['job_id']}/trials")
 
 
 def test_every_mutation_needs_a_token(fuzzed: str) -> None:
