@@ -44,8 +44,7 @@ from typing import Any
 from ..pipeline import Pipeline, PipelineOptions, TrialRecord, TuneReport
 from ..result import Status
 from ..store import Store, StoreError
-from ..store.engine import abort_stalled_transactions
-from ..store.guard import interrupt
+from ..store.engine import abort_stalled_transactions, close_for_good
 from ..store.queue import SEARCH, WARM, W_DRAINING, W_RUNNING, JobQueue, JobRecord, SlotLease, optuna_storage, study_name
 from ..store.registry import Registry
 from ..workload import WorkloadKey
@@ -102,8 +101,8 @@ class Worker:
         if not self._abort.is_set():
             self._abort.set()
             self.store.interrupt()
-            if self._optuna is not None:
-                interrupt(self._optuna.engine)
+            if self._optuna is not None:  # the sampler has nothing left to do; its storage retries on its own
+                close_for_good(self._optuna.engine, self.store.url)
 
     @property
     def draining(self) -> bool:

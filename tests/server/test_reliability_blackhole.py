@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from optuna.study import StudyDirection
 from sqlalchemy import make_url
 from svc_helpers import FAKE_ARGS, log_story, wait_for
 
-from ws_tuner.store.engine import StoreError
+from ws_tuner.store.engine import StoreError, close_for_good
 from ws_tuner.store.guard import DbTimeouts
 from ws_tuner.store.queue import JobQueue, optuna_storage
 
@@ -206,3 +207,23 @@ def test_opening_optuna_storage_stops_retrying_once_the_worker_leaves(proxy) -> 
         optuna_storage(via_proxy, timeouts=timeouts, abort=leaving)
     took = time.monotonic() - started
     assert took < timeouts.connect + 1.5, f"took {took:.1f} s after the worker began to leave"
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_trial_made_by_optuna_stops_retrying_once_its_storage_is_closed(proxy) -> None:
+    """Optuna makes a trial up to five times, sleeping up to 2 s between attempts: on a
+    silent database a worker leaving waited ~14 s past its drain in it (SIGTERM test,
+    above). Closed for good, the engine refuses the next attempt at once: what is left
+    is the attempt in flight (a connect timeout) and one of Optuna's sleeps."""
+    hole, via_proxy = proxy
+    timeouts = DbTimeouts.within(float(DB_TIMEOUT))  # connect timeout 2 s
+    storage = optuna_storage(via_proxy, timeouts=timeouts)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], "closing")
+    hole.blackhole()
+    threading.Timer(0.5, close_for_good, (storage.engine, via_proxy)).start()
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="closed, its user is leaving"):
+        storage.create_new_trial(study_id)
+    took = time.monotonic() - started
+    assert took < 0.5 + timeouts.connect + 2 + 1, f"took {took:.1f} s, closed after 0.5 s"

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, Select, create_engine, event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, InvalidatePoolError, NoSuchModuleError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
@@ -254,6 +254,25 @@ def abort_stalled_transactions(engine: Engine, seconds: float) -> None:
     event.listen(engine, "connect", on_connect)
     _stall_guards[engine] = seconds
     engine.dispose()  # pooled connections predate the setting
+
+
+def close_for_good(engine: Engine, url: str) -> int:
+    """Cut ``engine``'s connections in use (guard.interrupt) and refuse every later
+    connect and checkout at once: for an engine whose owner is leaving, in front of
+    a library that retries on its own. Optuna makes a trial up to five times,
+    sleeping up to 2 s between attempts, and on a silent database each attempt
+    costs a connect timeout: ~14 s past the drain, SIGTERM ignored (seen in CI).
+    A refusal is a StoreError, which Optuna does not take for a driver error."""
+
+    def refuse(*_: Any) -> None:
+        raise StoreError(f"database at {mask_url(url)}: closed, its user is leaving")
+
+    def invalidate(*_: Any) -> None:  # a checkout refused so: the pool drops the connection and connects anew, refused
+        raise InvalidatePoolError("closed for good")
+
+    event.listen(engine, "do_connect", refuse, insert=True)
+    event.listen(engine, "checkout", invalidate, insert=True)  # before guard.py's check of a pooled connection
+    return interrupt(engine)
 
 
 # --- the database ---------------------------------------------------------------
