@@ -102,7 +102,7 @@ class Worker:
             self._abort.set()
             self.store.interrupt()
             if self._optuna is not None:  # the sampler has nothing left to do; its storage retries on its own
-                close_for_good(self._optuna.engine, self.store.url)
+                close_for_good(self._optuna.engine)
 
     @property
     def draining(self) -> bool:

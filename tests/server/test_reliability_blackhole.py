@@ -221,7 +221,7 @@ def test_a_trial_made_by_optuna_stops_retrying_once_its_storage_is_closed(proxy)
     storage = optuna_storage(via_proxy, timeouts=timeouts)
     study_id = storage.create_new_study([StudyDirection.MINIMIZE], "closing")
     hole.blackhole()
-    threading.Timer(0.5, close_for_good, (storage.engine, via_proxy)).start()
+    threading.Timer(0.5, close_for_good, (storage.engine,)).start()
     started = time.monotonic()
     with pytest.raises(StoreError, match="closed, its user is leaving"):
         storage.create_new_trial(study_id)

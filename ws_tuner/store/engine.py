@@ -256,7 +256,7 @@ def abort_stalled_transactions(engine: Engine, seconds: float) -> None:
     engine.dispose()  # pooled connections predate the setting
 
 
-def close_for_good(engine: Engine, url: str) -> int:
+def close_for_good(engine: Engine) -> int:
     """Cut ``engine``'s connections in use (guard.interrupt) and refuse every later
     connect and checkout at once: for an engine whose owner is leaving, in front of
     a library that retries on its own. Optuna makes a trial up to five times,
@@ -265,7 +265,7 @@ def close_for_good(engine: Engine, url: str) -> int:
     A refusal is a StoreError, which Optuna does not take for a driver error."""
 
     def refuse(*_: Any) -> None:
-        raise StoreError(f"database at {mask_url(url)}: closed, its user is leaving")
+        raise StoreError(f"database at {engine.url.render_as_string(hide_password=True)}: closed, its user is leaving")
 
     def invalidate(*_: Any) -> None:  # a checkout refused so: the pool drops the connection and connects anew, refused
         raise InvalidatePoolError("closed for good")
