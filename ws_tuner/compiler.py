@@ -46,7 +46,7 @@ def _keep_ctrl_c() -> None:
     """
     tvm_ffi.register_error("KeyboardInterrupt", KeyboardInterrupt)
     with open("/proc/self/maps") as maps:
-        loaded = {line.split()[-1] for line in maps if os.path.basename(line.split()[-1]).startswith("libz3.so")}
+        loaded = {path for path in (line.split()[-1] for line in maps) if os.path.basename(path).startswith("libz3.so")}
     for path in loaded:
         ctypes.CDLL(path).Z3_global_param_set(b"ctrl_c", b"false")
 

@@ -14,6 +14,8 @@ import sys
 import textwrap
 
 import pytest
+from test_builder import PARAMS
+from test_cli import SHAPE
 
 from ws_tuner import compiler
 
@@ -31,7 +33,7 @@ VERIFY_UNDER_SIGINT = textwrap.dedent(
     from ws_tuner.task import Task
 
     spec = load_kernel(sys.argv[1])
-    task = Task.make(spec, spec.parse_problem("M=4096,N=4096,K=4096"), spec.parse_params(""), None)
+    task = Task.make(spec, spec.parse_problem(sys.argv[2]), spec.parse_params(""), None)
     space = task.space()
     seeds = [c for c in map(space.seed_candidate, space.param_sample(8)) if not isinstance(c, str)]
     funcs = [(compiler.prepare(task.primfunc(dict(c.params)))[0], c.schedule) for c in seeds]
@@ -63,7 +65,7 @@ VERIFY_UNDER_SIGINT = textwrap.dedent(
 
 
 def test_sigint_during_schedule_verification_is_a_keyboard_interrupt(example_path):
-    proc = subprocess.run([sys.executable, "-c", VERIFY_UNDER_SIGINT, str(example_path)],
+    proc = subprocess.run([sys.executable, "-c", VERIFY_UNDER_SIGINT, str(example_path), SHAPE],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     count, lost = map(int, proc.stdout.split())
@@ -71,7 +73,7 @@ def test_sigint_during_schedule_verification_is_a_keyboard_interrupt(example_pat
 
 
 def test_keyboard_interrupt_in_a_tvm_callback_stays_one(gemm_task):
-    func = gemm_task.primfunc({"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8})
+    func = gemm_task.primfunc(PARAMS)
 
     def visit(node):
         raise KeyboardInterrupt
