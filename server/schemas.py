@@ -114,7 +114,7 @@ class JobCreate(_Strict):
     )
     strategy: Strategy = "tpe"
     seed: Annotated[int, Field(ge=0, le=2**31 - 1), Whole] = 0
-    baselines: bool = Field(False, description="Also measure the kernel's own schedule and tilelang's lowerings")
+    baselines: bool = Field(False, description="Also measure the kernel's own schedule and tilelang's lowerings (and, as warm starts, the schedules shaped as tilelang's default lowering)")
     device: text(1, 256) | None = Field(None, description="Only workers on this device may run it")  # type: ignore[valid-type]
 
 

@@ -48,6 +48,8 @@ class JobEngine:
     space: Any
     baselines: Callable[[], list[Candidate]] = field(default=lambda: [])
     anchors: Callable[[], list[Candidate]] = field(default=lambda: [])
+    # Schedules measured with the baselines, as warm starts (Task.lowering_starts).
+    starts: Callable[[], list[Candidate]] = field(default=lambda: [])
     # The best schedules of the nearest stored problem: (store, key, workload id) -> candidates.
     warm: Callable[[Store, WorkloadKey, int], list[Candidate]] = field(default=lambda store, key, workload_id: [])
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
@@ -104,6 +106,7 @@ class Stages:
         return JobEngine(
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space, baselines,
             anchors=lambda: task.anchors(points()),
+            starts=lambda: task.lowering_starts(points() if timed else points()[:1]),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

@@ -240,6 +240,7 @@ class Worker:
             if started:
                 if job.baselines:
                     queue.add_baseline_slots(job.id, engine.baselines())
+                    queue.add_baseline_slots(job.id, engine.starts(), kind=WARM)
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
             pipeline.choose_anchor(engine.anchors())
             pipeline.run()

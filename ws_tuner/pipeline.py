@@ -125,6 +125,7 @@ class TuneReport:
     shared: int = 0  # candidates that shared another's measurement (the same generated code)
     confirmed: int = 0  # results re-timed in the final tournament
     interrupted: bool = False
+    stored: int = 0  # trials this run committed to the store
     out_of_time: bool = False  # the time budget ended the search before its budget of candidates was spent
     wall_seconds: float = 0.0
     search_seconds: float = 0.0  # building and measuring the candidates (the anchor and the tournament apart)

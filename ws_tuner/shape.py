@@ -228,6 +228,31 @@ class SeedShape:
             self.variants.seed_stages(plan), tuple(r.max_nreg for r in self.seed.roles),
         )  # fmt: skip
 
+    def lowering_points(self, params: ParamsKey) -> list[Point]:
+        """The structure tilelang's default warp specialization gives a pipelined loop,
+        as points of this space: the seed's consumer warpgroups after one producer
+        warpgroup, every buffer in a pipeline of its own at the seed's depth (released
+        after the last op that reads it), the seed's stages, producers at the smallest
+        register budget and consumers at each budget, largest first (the largest that
+        the register rules allow is the lowering's). A search seeded only by
+        role_based's guess may not come near it (5x slower seeds seen where
+        role_based's budget spills). Empty where the space cannot express it."""
+        heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
+        label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), "warpgroup", True).label)
+        layout = self.analysis.layout_alias.get(SEPARATE)
+        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy):
+            return []
+        plan = self.plan(layout)
+        if plan.infeasible:
+            return []
+        depth = {b: p.depth for p in self.seed.pipelines for b in p.buffers}
+        buffers = {p.name: p.buffers for p in plan.pipelines}
+        depths = tuple(max((depth[b] for b in buffers[name] if b in depth), default=1) for name in plan.varied)
+        stages = self.variants.seed_stages(plan)
+        light = min(self.config.producer_nreg)
+        return [Point(params, label, layout, depths, stages, tuple(nreg if r in self.analysis.heavy else light for r in plan.roles))
+                for nreg in sorted(self.config.consumer_nreg, reverse=True)]  # fmt: skip
+
     @staticmethod
     def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:
         """Every decided group's stage, over the choices of each body that keep the seed's dependences."""

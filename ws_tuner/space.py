@@ -265,6 +265,17 @@ class ScheduleSpace:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else Candidate.make(dict(params), shape.seed)
 
+    def lowering_candidate(self, params: ParamsKey) -> Candidate | None:
+        """The structure of tilelang's default warp specialization at these kernel
+        parameters (``SeedShape.lowering_points``): the first of its points that no
+        rule prunes, or None."""
+        shape = self.shape(params)
+        for point in [] if isinstance(shape, str) else shape.lowering_points(params):
+            cand = self.candidate(point)
+            if isinstance(cand, Candidate):
+                return cand
+        return None
+
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
         """A point picked one decision at a time (define-by-run, for Optuna).
 

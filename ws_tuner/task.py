@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import compiler
 from .candidate import Candidate, Lowering, canonical_json
@@ -150,6 +150,14 @@ class Task:
         """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""
         names = self.recorded.vendors if self.recorded is not None else self.spec.vendor_names(self.problem)
         return [Candidate.make({"vendor": n}, None, Lowering.REFERENCE) for n in names] or [Candidate.make({}, None, Lowering.REFERENCE)]
+
+    def lowering_starts(self, points: Iterable[ParamsKey]) -> list[Candidate]:
+        """At each kernel-parameter point, the schedule shaped as tilelang's default warp
+        specialization (``ScheduleSpace.lowering_candidate``), where the space holds it:
+        measured with the baselines, as warm starts, so that a search seeded by
+        role_based's guess starts no worse than that lowering."""
+        space = self.space()
+        return [c for c in map(space.lowering_candidate, points) if c is not None]
 
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering and role_based, at one point

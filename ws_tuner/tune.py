@@ -62,6 +62,7 @@ class StoreRecorder(Recorder):
         self.store, self.workload_id = store, workload_id
         self.first = deque(first)
         self.budget, self.searched = budget, searched
+        self.stored = 0  # trials this run committed (counted here: a Ctrl-C may land before anyone else hears of one)
 
     def claim(self) -> Slot | None:
         if self.first:
@@ -80,6 +81,7 @@ class StoreRecorder(Recorder):
 
     def record(self, slot: Slot, candidate: Candidate, result: TrialResult) -> bool:
         self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
+        self.stored += 1
         return True
 
     def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
@@ -140,6 +142,7 @@ class Tuner:
         finally:
             self.strategy.post_tuning()
             self.report.wall_seconds = time.monotonic() - start
+            self.report.stored = recorder.stored
         return self.report
 
     # --- what to measure first ----------------------------------------------
@@ -150,6 +153,8 @@ class Tuner:
             # Compile-only runs show that the baselines build; timing them needs the GPU.
             for params in points if self.runner else points[:1]:
                 out += [(c, BASELINE) for c in self.task.baselines(dict(params))]
+            # Schedules of the space, not baselines: they start the search (see Task.lowering_starts).
+            out += [(c, WARM) for c in self.task.lowering_starts(points if self.runner else points[:1])]
             if self.runner:
                 out += [(c, BASELINE) for c in self.task.vendor_baselines()]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]

@@ -212,8 +212,17 @@ class Variants:
         return [Group(scope, role, tuple(ps), base, seed_stage.get(first[ps[0]], base) if fixed else None) for ps in out.values()]
 
     def seed_stages(self, plan: Plan) -> tuple[int, ...]:
-        """The seed's stage of each decided group (of the seed's own plan)."""
-        return tuple(next(i.stage for i in self.seed.body(g.scope, g.role) if isinstance(i, Sync) and i.pipeline in g.pipelines) for g in plan.groups)
+        """The seed's stage of each decided group, in any layout: that of the seed
+        body's first sync on a buffer of the group's pipelines."""
+        pipe_of = dict(plan.pipe_of)
+        seed_pipes = self.seed.pipelines
+
+        def stage(g: Group) -> int:
+            buffers = {b for b, p in pipe_of.items() if p in g.pipelines} | {b for p in g.pipelines if p in seed_pipes for b in seed_pipes[p].buffers}
+            syncs = (i for i in self.seed.body(g.scope, g.role) if isinstance(i, Sync) and buffers & set(seed_pipes[i.pipeline].buffers))
+            return next((i.stage for i in syncs), g.base)
+
+        return tuple(stage(g) for g in plan.groups)
 
     # --- building a variant --------------------------------------------------
     def schedule_for(self, plan: Plan, depths: Sequence[int], stages: Sequence[int], roles: Sequence[Role], num_warps: int) -> Schedule | str:

@@ -42,7 +42,7 @@ def test_plain_lines_count_search_against_the_budget_and_baselines_apart():
     assert lines[1] == "timing the anchor"
     assert lines[2].startswith("[1/4 search, 1 baseline/warm] search: ok") and lines[2].endswith("best so far 620 TFLOP/s")
     assert lines[3].startswith("[2/4 search, 1 baseline/warm] search: wrong") and lines[3].endswith("best so far 620 TFLOP/s")
-    assert progress.interrupted_line() == "interrupted: 2 stored, re-run to resume"  # the reused one was stored before
+    assert progress.interrupted_line(2) == "interrupted: 2 stored, re-run to resume"
 
 
 def test_the_terminal_bar_has_total_eta_and_best():

@@ -242,7 +242,7 @@ KERNEL_FILES = [p for p in _kernel_files() if _seeded(p)]
 
 def test_every_kernel_file_is_found():
     names = {p.name for p in KERNEL_FILES}
-    assert {"gemm.py", "flash_fwd.py", "two_consumers.py", "chain_gemm.py", "persistent_epilogue.py"} <= names
+    assert {"gemm.py", "flash_fwd.py", "two_consumers.py", "chain_gemm.py", "persistent_epilogue.py", "dual_gemm.py"} <= names
 
 
 @pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -597,3 +597,59 @@ def test_the_deadlock_model_remembers_exactly_what_it_simulates() -> None:
             expected = tuple(simulate(events, list(depth)))
             assert model.blocked(key, events, depth) == expected, (events, depth)
             assert model.blocked(key, events, depth) == expected  # remembered
+
+
+# --- tilelang's default structure as a start ----------------------------------------
+
+
+def _loop_syncs(schedule: Schedule, role: str) -> list[Sync]:
+    return [i for s in schedule.scopes if s.id != ROOT_SCOPE for r, body in s.bodies if r == role for i in body if isinstance(i, Sync)]
+
+
+@pytest.mark.parametrize("name", ["plain_gemm.py", "dual_gemm.py"])
+def test_the_lowering_start_is_tilelang_defaults_structure(name):
+    """A plain kernel's seed is role_based's guess; the lowering start is what tilelang's
+    default warp specialization builds from the same loop (its generated code differs
+    from the default lowering's in barrier names only): one producer warpgroup first at
+    the smallest budget, the consumer warpgroups at the largest, a pipeline per buffer
+    at the seed's depth, each released after the last op that reads it."""
+    task = task_of(ROOT / "tests" / "data" / name, "M=1024,N=1024,K=1024")
+    space = task.space()
+    for params in space.param_points():
+        seed, start = space.seed_candidate(params).schedule, space.lowering_candidate(params).schedule
+        (consumer,) = [r for r in seed.roles if r.warps % 4 == 0]
+        producer = next(r for r in start.roles if r.name != consumer.name)
+        assert (producer.warp_lo, producer.warp_hi, producer.max_nreg) == (0, 4, min(SpaceConfig().producer_nreg))
+        assert start.role(consumer.name).warps == consumer.warps and start.role(consumer.name).max_nreg == max(SpaceConfig().consumer_nreg)
+        depth = {b: p.depth for p in seed.pipelines for b in p.buffers}
+        assert sorted((p.buffers, p.depth) for p in start.pipelines) == sorted(((b,), d) for b, d in depth.items())
+        body = [i for s in start.scopes if s.id != ROOT_SCOPE for r, b in s.bodies if r == consumer.name for i in b]
+        for pipe in start.pipelines:  # released right after the last op that reads its buffer
+            release = body.index(next(i for i in body if isinstance(i, Sync) and i.pipeline == pipe.name and i.kind == "CONSUMER_RELEASE"))
+            readers = [k for k, i in enumerate(body) if isinstance(i, str) and pipe.buffers[0] in task.point_info(dict(params)).accesses[i].reads]
+            assert readers and release > max(readers) and not any(isinstance(i, str) for i in body[max(readers) + 1 : release])
+        assert {s.stage for s in _loop_syncs(start, consumer.name)} == {0}
+    verify(task, space.lowering_candidate(next(iter(space.param_points()))))
+
+
+def test_the_lowering_start_splits_a_merged_seed_and_keeps_its_stages(gemm_task):
+    """examples/gemm.py's seed has A and B in one pipeline; the start gives each its own
+    at the seed's depth, and passes the verifier."""
+    space = gemm_task.space()
+    start = space.lowering_candidate(GEMM_PARAMS)
+    assert {p.buffers: p.depth for p in start.schedule.pipelines} == {("A_shared",): 3, ("B_shared",): 3}
+    verify(gemm_task, start)
+
+
+def test_the_lowering_start_takes_the_largest_budget_the_rules_allow():
+    """At 8 warps a thread starts with 248 registers: setmaxnreg 240 would lower it,
+    which the alignment rule refuses; the start takes the next budget that passes."""
+    task = task_of(ROOT / "examples" / "attention.py", "B=4,H=16,S=4096,D=128")
+    space = task.space()
+    params = next(p for p in space.param_points() if dict(p)["block_M"] == 64 and dict(p)["mma"] == "sync" and dict(p)["consumers"] == "cooperative")
+    shape = space.shape(params)
+    first = shape.lowering_points(params)[0]
+    assert "240" in space.candidate(first) and "setmaxnreg" in space.candidate(first)
+    start = space.lowering_candidate(params)
+    assert start.schedule.num_warps == 8 and start.schedule.role("Consumer").max_nreg < 240
+    verify(task, start)

@@ -261,3 +261,14 @@ def test_a_baseline_enters_the_tournament_with_its_near_rivals():
     assert [r.result.ratio for r in report.contenders("role_based", 0.02, 2)] == [0.900, 0.9005]
     assert [r.result.ratio for r in report.contenders("default", 0.02, 5)] == [1.2] and report.contenders("seed", 0.02, 5) == []
     assert report.baseline("role_based").result.ratio == 0.900
+
+
+def test_the_search_starts_from_tilelangs_default_structure(task, store):
+    """At every kernel-parameter point the schedule shaped as tilelang's default warp
+    specialization is measured before the search (warm), once."""
+    report, builder = tune(task, store, budget=2)
+    starts = {c.hash for c in task.lowering_starts(list(task.space().param_points()))}
+    roles = {r.candidate.hash: r.role for r in report.records}
+    assert len(starts) == 4 and starts <= set(roles)
+    assert {roles[h] for h in starts} == {"warm"}
+    assert len(builder.submitted) == len(set(builder.submitted))

@@ -212,6 +212,28 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     assert all(r.cached for r in again.records) and len(again.records) == 7
 
 
+def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: str, live_server: Callable, make_token: Callable,
+                                                                     worker_thread: Callable) -> None:  # fmt: skip
+    """With its baselines, a job measures at every kernel-parameter point the schedule
+    shaped as tilelang's default warp specialization, in a warm slot (as the CLI does)."""
+    from ws_tuner.task import Task
+
+    spec = load_kernel(EXAMPLES / "gemm.py")
+    pins = "block_K=64,block_M=128,block_N=256,consumers=cooperative,epilogue=direct,mma=sync,persistent=false,split=square"
+    task = Task.make(spec, spec.parse_problem(SHAPE), spec.parse_params(pins))
+    starts = {c.hash for c in task.lowering_starts(list(task.space().param_points()))}
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
+    with live.client(token) as client:
+        body = {"kernel": "gemm", "problem": SHAPE, "params": pins, "budget": 2, "strategy": "random", "seed": 1, "baselines": True}
+        job = client.post("/jobs", json=body).json()
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
+        assert done["state"] == "succeeded", done
+        kinds = {t["candidate_hash"]: t["kind"] for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]}
+    assert len(starts) == 2 and {kinds.get(h) for h in starts} == {"warm"}
+
+
 def test_best_schedule_by_url_reuses_one_store(db_url: str, open_db: Callable) -> None:
     """``best_schedule(path, db=URL)`` opens one store per URL for the process, not one per call."""
     from ws_tuner import lookup

@@ -30,7 +30,7 @@ class TuneProgress:
 
     def __init__(self, console: Console, budget: int) -> None:
         self.console, self.budget = console, budget
-        self.searched = self.others = self.stored = 0
+        self.searched = self.others = 0
         self.best: float | None = None
         self.live = console.is_terminal
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -59,8 +59,6 @@ class TuneProgress:
             self.searched += 1
         else:
             self.others += 1
-        if not record.cached:
-            self.stored += 1
         r = record.result
         if r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best):
             self.best = r.tflops
@@ -73,8 +71,9 @@ class TuneProgress:
                                f"{r.status.value} {record.candidate.describe()[:90]}; {self._best_text()}",
                                markup=False, highlight=False)  # fmt: skip
 
-    def interrupted_line(self) -> str:
-        return f"interrupted: {self.stored} stored, re-run to resume"
+    @staticmethod
+    def interrupted_line(stored: int) -> str:
+        return f"interrupted: {stored} stored, re-run to resume"
 
 
 @contextmanager
