@@ -41,8 +41,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ws_tuner.measure import REASON_SW_POWER_CAP  # noqa: E402
+
 CAP_W = 700.0
-REASON_SW_POWER_CAP = 0x4
 GEMM = {"M": 4096, "N": 4096, "K": 4096, "dtype": "float16", "b_layout": "row"}
 ATTENTION = {f"S=8192,D={d}": {"B": 4, "H": 16, "S": 8192, "D": d, "dtype": "float16", "causal": 0} for d in (128, 64)}
 # Run 18's winner at 4096^3 (every GEMM winner: this tile, persistent, TMA-store epilogue, swizzle 8).
@@ -192,26 +193,7 @@ def table_kernels(path: Path, problem: dict[str, Any], points: dict[str, tuple[s
 # --- the measurement ----------------------------------------------------------------------
 
 
-class Meter:
-    """NVML's energy counter, SM clock, power and clock event reasons of GPU 0."""
-
-    def __init__(self) -> None:
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nv = pynvml
-        self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
-
-    def energy_j(self) -> float:
-        return self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) / 1000.0
-
-    def reading(self) -> tuple[float, float, int]:
-        nv, h = self.nv, self.h
-        return (float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)), nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))  # fmt: skip
-
-
-def measure(meter: Meter, fn: Callable[[], Any], flops: float, *, seconds: float, preheat: float = 0.5) -> dict[str, Any]:
+def measure(nvml: Any, fn: Callable[[], Any], flops: float, *, seconds: float, preheat: float = 0.5) -> dict[str, Any]:
     """Steady state: ``preheat`` s of back-to-back launches, then ``seconds`` s more
     between two readings of the energy counter, the clock sampled every 10 ms."""
     import torch
@@ -226,53 +208,53 @@ def measure(meter: Meter, fn: Callable[[], Any], flops: float, *, seconds: float
         return n, time.monotonic() - start
 
     run_for(preheat)
-    samples: list[tuple[float, float, int]] = []
+    samples: list[Any] = []  # ClockReading
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append(meter.reading())
+            samples.append(nvml.read(time.monotonic()))
             time.sleep(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0 = meter.energy_j()
+    e0 = nvml.energy_j()
     sampler.start()
     begin.record()
     n, wall = run_for(seconds)
     end.record()
     torch.cuda.synchronize()
-    e1 = meter.energy_j()
+    e1 = nvml.energy_j()
     stop.set()
     sampler.join()
     ms = begin.elapsed_time(end) / n
     joules = e1 - e0
-    clocks = [s[0] for s in samples]
+    clocks = [s.sm_mhz for s in samples]
     return {
         "tflops": round(flops / (ms * 1e-3) / 1e12, 1),
         "ms": round(ms, 4),
         "launches": n,
         "power_w": round(joules / wall, 1),
-        "power_w_nvml": round(statistics.median(s[1] for s in samples), 1),
+        "power_w_nvml": round(statistics.median(s.power_w for s in samples), 1),
         "pj_per_flop": round(joules / (n * flops) * 1e12, 4),
         "sm_clock_mhz": statistics.median(clocks),
-        "power_capped": round(sum(1 for s in samples if s[2] & REASON_SW_POWER_CAP) / len(samples), 2),
+        "power_capped": round(sum(1 for s in samples if s.reasons & REASON_SW_POWER_CAP) / len(samples), 2),
         # Work per clock per SM: what a kernel does with the cycles it gets (132 SMs).
         "flop_per_cycle_sm": round(flops / (ms * 1e-3) / (statistics.median(clocks) * 1e6) / 132, 1),
     }
 
 
-def run_group(meter: Meter, name: str, kernels: dict[str, Callable[[], Any]], flops: float, *, seconds: float,
+def run_group(nvml: Any, name: str, kernels: dict[str, Callable[[], Any]], flops: float, *, seconds: float,
               out: Path, rows: list[dict[str, Any]]) -> None:  # fmt: skip
     for label, fn in kernels.items():
-        row = {"group": name, "kernel": label, **measure(meter, fn, flops, seconds=seconds)}
+        row = {"group": name, "kernel": label, **measure(nvml, fn, flops, seconds=seconds)}
         row["at_cap_tflops"] = round(CAP_W / row["pj_per_flop"], 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / "energy.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
-def gemm_group(meter: Meter, seconds: float, out: Path, rows: list[dict[str, Any]]) -> None:
+def gemm_group(nvml: Any, seconds: float, out: Path, rows: list[dict[str, Any]]) -> None:
     import torch
 
     from ws_tuner.kernel import load_kernel
@@ -286,10 +268,10 @@ def gemm_group(meter: Meter, seconds: float, out: Path, rows: list[dict[str, Any
         kern = compile_floor(gemm_floor(GEMM["M"], GEMM["N"], GEMM["K"], mode=mode))
         kernels[f"floor_{mode}"] = lambda kern=kern: kern(a, b, c)
     torch.cuda.synchronize()
-    run_group(meter, "gemm 4096^3", kernels, spec.flops(problem), seconds=seconds, out=out, rows=rows)
+    run_group(nvml, "gemm 4096^3", kernels, spec.flops(problem), seconds=seconds, out=out, rows=rows)
 
 
-def attention_group(meter: Meter, seconds: float, out: Path, rows: list[dict[str, Any]]) -> None:
+def attention_group(nvml: Any, seconds: float, out: Path, rows: list[dict[str, Any]]) -> None:
     from ws_tuner.kernel import load_kernel
 
     spec = load_kernel(ROOT / "examples" / "attention.py")
@@ -304,7 +286,7 @@ def attention_group(meter: Meter, seconds: float, out: Path, rows: list[dict[str
         for mode in ("loads", "noload"):
             kern = compile_floor(attention_floor(raw["B"], raw["H"], raw["S"], raw["D"], mode=mode))
             kernels[f"floor_mma_{mode}"] = lambda kern=kern: kern(*args)
-        run_group(meter, label, kernels, spec.flops(problem), seconds=seconds, out=out, rows=rows)
+        run_group(nvml, label, kernels, spec.flops(problem), seconds=seconds, out=out, rows=rows)
 
 
 def main() -> None:
@@ -314,12 +296,14 @@ def main() -> None:
     ap.add_argument("--only", choices=["gemm", "attention"], default=None)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    meter = Meter()
+    from ws_tuner.gpu import Nvml
+
+    nvml = Nvml()  # SM clock, power, clock event reasons and the energy counter
     rows: list[dict[str, Any]] = []
     if args.only in (None, "gemm"):
-        gemm_group(meter, args.seconds, args.out, rows)
+        gemm_group(nvml, args.seconds, args.out, rows)
     if args.only in (None, "attention"):
-        attention_group(meter, args.seconds, args.out, rows)
+        attention_group(nvml, args.seconds, args.out, rows)
 
 
 if __name__ == "__main__":

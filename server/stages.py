@@ -96,17 +96,20 @@ class Stages:
         def points() -> list[Any]:
             return [p for p in space.param_points() if not isinstance(space.shape(p), str)]
 
+        def measured() -> list[Any]:
+            """The points of the baselines: every one, or (compile-only: that they build) the first."""
+            return points() if timed else points()[:1]
+
         def baselines() -> list[Candidate]:
-            valid = points()
             out: list[Candidate] = []
-            for params in valid if timed else valid[:1]:
+            for params in measured():
                 out += task.baselines(dict(params))
             return out + (task.vendor_baselines() if timed else [])
 
         return JobEngine(
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space, baselines,
             anchors=lambda: task.anchors(points()),
-            starts=lambda: task.lowering_starts(points() if timed else points()[:1]),
+            starts=lambda: task.lowering_starts(measured()),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

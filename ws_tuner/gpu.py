@@ -112,6 +112,10 @@ class Nvml:
             reasons |= measure.REASON_OTHER_PROCESS  # our own context is the one expected
         return ClockReading(t, float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)), nv.nvmlDeviceGetPowerUsage(h) / 1000.0, reasons)
 
+    def energy_j(self) -> float:
+        """The GPU's energy counter (since the driver loaded), in joules."""
+        return self._nv.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
+
 
 def _nvml() -> Nvml | None:
     if "nvml" not in _state:

@@ -151,10 +151,11 @@ class Tuner:
         if self.options.baselines:
             points = self._valid_param_points()
             # Compile-only runs show that the baselines build; timing them needs the GPU.
-            for params in points if self.runner else points[:1]:
+            points = points if self.runner else points[:1]
+            for params in points:
                 out += [(c, BASELINE) for c in self.task.baselines(dict(params))]
             # Schedules of the space, not baselines: they start the search (see Task.lowering_starts).
-            out += [(c, WARM) for c in self.task.lowering_starts(points if self.runner else points[:1])]
+            out += [(c, WARM) for c in self.task.lowering_starts(points)]
             if self.runner:
                 out += [(c, BASELINE) for c in self.task.vendor_baselines()]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]

@@ -36,12 +36,12 @@ for stages in (2, 3):
         launches[label] = gpu.launcher(ri)[1]
 times = harness.independent(items, rounds=4)
 args = spec.inputs(problem, "cuda")
-meter = energy_floor.Meter()
+nvml = gpu.Nvml()
 rows = []
 for rnd in range(2):
     for label, fn in launches.items():
         row = {"kernel": label, "round": rnd, "do_bench_tflops": round(spec.flops(problem) / (times[label]["do_bench_ms"] * 1e-3) / 1e12, 1),
-               **energy_floor.measure(meter, lambda fn=fn: fn(args), spec.flops(problem), seconds=1.5)}
+               **energy_floor.measure(nvml, lambda fn=fn: fn(args), spec.flops(problem), seconds=1.5)}
         rows.append(row)
         print(json.dumps(row), flush=True)
 (out / "twins.json").write_text(json.dumps(rows, indent=2) + "\n")
