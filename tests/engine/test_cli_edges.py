@@ -190,3 +190,18 @@ def test_a_baseline_faster_than_every_searched_schedule_is_named():
     role_based = record({"block_N": 64}, Lowering.ROLE_BASED, 0.995, BASELINE)  # within the tournament's 1%
     lines = faster_baselines([("ws-tune best", best), ("default", default), ("role_based", role_based), ("reference", None)], best)
     assert len(lines) == 1 and lines[0].startswith("note: default (") and "5.3% faster" in lines[0]
+
+
+def test_user_text_with_brackets_is_printed_as_it_is():
+    """Candidate labels ("[default] ..."), T.WSSchedule code ("[data_shared]") and
+    error messages go through rich: none of their brackets may be read as markup."""
+    from ws_tuner.cli.common import err, out, print_error
+
+    text = "note: [default] block_M=64 | T.WSPipeline('data_shared', [data_shared], depth=3)"
+    for console in (out, err):
+        with console.capture() as captured:
+            console.print(text)
+        assert captured.get().strip() == text
+    with err.capture() as captured:
+        print_error("kernel(...) failed: index [bold] out of range")
+    assert captured.get().strip() == "error: kernel(...) failed: index [bold] out of range"

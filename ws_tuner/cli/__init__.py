@@ -22,7 +22,7 @@ from pathlib import Path
 
 # The commands register themselves on the app as their modules load.
 from . import dashboard, jobs, new, results, schema, service, tuning  # noqa: F401
-from .common import EXIT_BAD_INPUT, app, err
+from .common import EXIT_BAD_INPUT, app, print_error
 
 app.info.help = __doc__
 __all__ = ["app", "main"]
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         if Path(word).suffix != ".py" and not Path(word).exists():
             close = difflib.get_close_matches(word, commands, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]}?" if close else f" (commands: {', '.join(commands)}; or a kernel FILE.py to tune)"
-            err.print(f"[bold red]error:[/] unknown command {word!r}{hint}", markup=True)
+            print_error(f"unknown command {word!r}{hint}")
             raise SystemExit(EXIT_BAD_INPUT)
         args.insert(0, "tune")
     app(args=args, prog_name="ws-tune")

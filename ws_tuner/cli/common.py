@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Database schema commands.")
@@ -34,8 +35,11 @@ def _options(
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No markup: what is printed holds user text (kernel names, error messages, candidate
+# labels "[default] ...", T.WSSchedule code with "[buffer]" lists) that rich would
+# read as style tags and drop. The few styled lines ask for markup themselves.
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 1
@@ -64,8 +68,12 @@ DbOpt = typer.Option(None, "--db", callback=_check_db, metavar="URL",
                           "(default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")  # fmt: skip
 
 
+def print_error(message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", markup=True)
+    print_error(message)
     return typer.Exit(code)
 
 

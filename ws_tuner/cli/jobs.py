@@ -104,9 +104,9 @@ def jobs_show(
     job = api("GET", f"/jobs/{job_id}")
     out.print(f"job {job['id']}: {job['state']}; {job['kernel']} at {_problem(job)}"
               f"{' params ' + job['params'] if job['params'] else ''}; {job['strategy']} (seed {job['seed']}); "
-              f"search {_progress(job)}; best {_best(job)}{'; device ' + job['device'] if job['device'] else ''}", markup=False)  # fmt: skip
+              f"search {_progress(job)}; best {_best(job)}{'; device ' + job['device'] if job['device'] else ''}")  # fmt: skip
     if job.get("error"):
-        out.print(f"error: {job['error']}", markup=False)
+        out.print(f"error: {job['error']}")
     if not trials:
         return
     page = api("GET", f"/jobs/{job_id}/trials", params={"limit": trials})
@@ -142,13 +142,13 @@ def jobs_watch(
             bar.update(task, completed=p["done"] + p["failed"], state=job["state"], best=_best(job))
             line = f"job {job_id} {job['state']}: search {_progress(job)}, {p['running']} running; best {_best(job)}"
             if line != last and not err.is_terminal:
-                err.print(line, markup=False)
+                err.print(line)
             last = line
             if job["state"] in FINAL:
                 break
             time.sleep(interval)
             job = api("GET", f"/jobs/{job_id}")
-    out.print(f"job {job_id} {job['state']}: search {_progress(job)}; best {_best(job)}", markup=False)
+    out.print(f"job {job_id} {job['state']}: search {_progress(job)}; best {_best(job)}")
     if job["state"] != "succeeded":
         raise typer.Exit(EXIT_NOT_FOUND)
 
@@ -158,4 +158,4 @@ def jobs_watch(
 def jobs_cancel(job_id: int = JobArg, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
     """Cancel a queued or running job (of this token; an admin token: any job); trials in flight finish and are kept."""
     job = Api(url, token)("POST", f"/jobs/{job_id}/cancel")
-    out.print(f"job {job_id} {job['state']}: search {_progress(job)}", markup=False)
+    out.print(f"job {job_id} {job['state']}: search {_progress(job)}")

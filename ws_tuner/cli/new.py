@@ -27,5 +27,5 @@ def new(
         raise _fail(f"directory {file.parent} does not exist")
     text = TEMPLATE.read_text().replace("NAME:", f"{file.stem}:", 1).replace("FILE", str(file))
     file.write_text(text)
-    out.print(f"wrote {file}", markup=False)
-    err.print(f"next: ws-tune space {file} --shape M=4096,N=4096,K=4096   (then tune it; see docs/kernel-files.md)", markup=False)
+    out.print(f"wrote {file}")
+    err.print(f"next: ws-tune space {file} --shape M=4096,N=4096,K=4096   (then tune it; see docs/kernel-files.md)")

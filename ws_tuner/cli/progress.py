@@ -33,7 +33,7 @@ class TuneProgress:
         self.searched = self.others = 0
         self.best: float | None = None
         self.live = console.is_terminal
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[best]}"),
                             console=console, transient=True, disable=not self.live)  # fmt: skip
         self.task = self.bar.add_task("tuning", total=budget, best="")
@@ -68,8 +68,7 @@ class TuneProgress:
             role = "search" if record.role == SEARCH else record.role
             reused = ", reused" if record.cached else ""
             self.console.print(f"[{self.searched}/{self.budget} search, {self.others} baseline/warm] {role}{reused}: "
-                               f"{r.status.value} {record.candidate.describe()[:90]}; {self._best_text()}",
-                               markup=False, highlight=False)  # fmt: skip
+                               f"{r.status.value} {record.candidate.describe()[:90]}; {self._best_text()}", highlight=False)  # fmt: skip
 
     @staticmethod
     def interrupted_line(stored: int) -> str:
@@ -91,6 +90,6 @@ def counting(console: Console, what: str, interval: float = LOG_INTERVAL) -> Ite
             now = time.monotonic()
             if not live and now - last[0] >= interval:
                 last[0] = now
-                console.print(f"{what}: {seen:,} seen, {kept:,} kept", markup=False, highlight=False)
+                console.print(f"{what}: {seen:,} seen, {kept:,} kept", highlight=False)
 
         yield tick

@@ -85,7 +85,7 @@ def tune(
                 runner.close()
     if report.interrupted:
         # What was measured is in the store; the table of a cut-short tuning would mislead.
-        err.print(progress.interrupted_line(report.stored), markup=False)
+        err.print(progress.interrupted_line(report.stored))
         raise typer.Exit(130)
     _print_report(report, task)
 
