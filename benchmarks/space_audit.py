@@ -46,9 +46,16 @@ PROBLEMS = {
 
 
 def kernel_files() -> list[Path]:
-    """The kernel files of examples/ and tests/data/ (their helper modules and broken files apart)."""
+    """The kernel files of examples/ and tests/data/ with a schedule space (their helper
+    modules, broken files and kernels without a seed to vary apart)."""
     paths = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "data").glob("*.py"))
-    return [p for p in paths if task_for(p) is not None]
+    return [p for p in paths if (task := task_for(p)) is not None and _has_seed(task)]
+
+
+def _has_seed(task: Task) -> bool:
+    space = task.space()
+    served = next((p for p in space.param_points() if space.serves(p)), None)
+    return served is not None and not isinstance(space.shape(served), str)
 
 
 def task_for(path: Path) -> Task | None:

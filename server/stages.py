@@ -94,7 +94,7 @@ class Stages:
         timed = self.runner is not None
 
         def points() -> list[Any]:
-            return [p for p in space.param_points() if not isinstance(space.shape(p), str)]
+            return [p for p in space.param_points() if space.serves(p)]
 
         def measured() -> list[Any]:
             """The points of the baselines: every one, or (compile-only: that they build) the first."""

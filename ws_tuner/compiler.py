@@ -64,6 +64,11 @@ class CompilerError(Exception):
     """A kernel or schedule the compiler refused; the message is one line."""
 
 
+class NoSeed(CompilerError):
+    """A plain kernel that tilelang's role_based scheduler does not specialize: no
+    seed schedule, so nothing to vary (tilelang's own lowerings may still build it)."""
+
+
 class ScheduleRejected(CompilerError):
     """MaterializeWSSchedule's verifier refused the schedule."""
 
@@ -324,11 +329,11 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
             mod = tilelang.transform.InjectAssumes()(_prologue(func))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
-        raise CompilerError(f"role_based scheduler failed: {one_line(exc)}") from exc
+        raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
     prepared = mod["main"]
     seed = own_schedule(prepared)
     if seed is None:
-        raise CompilerError("kernel has no WS schedule and tilelang's role_based scheduler found nothing to specialize")
+        raise NoSeed("kernel has no WS schedule and tilelang's role_based scheduler found nothing to specialize")
     return prepared, seed
 
 

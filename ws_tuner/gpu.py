@@ -253,7 +253,7 @@ def _compiled(run_input: Any, candidate: Candidate | None = None) -> tuple[Any, 
         func, configs = task.lowered(candidate)
         _state[key] = compiler.compile_kernel(func, configs)
     kernel = _state[key]
-    return task, lambda args: kernel(*args)
+    return task, lambda args: task.spec.launch(kernel, args)
 
 
 def launcher(run_input: Any) -> tuple[Any, Callable[[list[Any]], Any]]:

@@ -20,6 +20,13 @@ A kernel file is a Python module that defines, at top level:
     fresh random values for the inputs.
 ``OUTPUTS: list[int]`` (optional, default ``[-1]``)
     Indices of the output arguments in that list.
+``RESET_TO_ZERO: list[int]`` (optional)
+    Outputs the kernel adds into rather than writes (split-K partial sums
+    with atomics, ``C += A @ B``): zeroed before every launch of the kernel,
+    timed ones included, as ``triton.autotune``'s ``reset_to_zero`` does, so
+    that every launch computes the same thing from the same state. (Other
+    outputs are filled with NaN before the correctness check, to catch
+    elements the kernel forgets to write; these are zeroed after that.)
 ``reference(problem: dict, args: list[torch.Tensor]) -> list[torch.Tensor]``
     The expected outputs, one per entry of ``OUTPUTS``.
 ``flops(problem: dict) -> float``
@@ -77,6 +84,7 @@ class KernelSpec:
     choices: dict[str, tuple[Any, ...]]
     params: dict[str, tuple[Any, ...]]
     outputs: tuple[int, ...] = (-1,)
+    reset_to_zero: tuple[int, ...] = ()
     tolerance: float = 1e-2
     scheduled_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     module: ModuleType | None = field(default=None, compare=False, repr=False)
@@ -93,6 +101,12 @@ class KernelSpec:
 
     def flops(self, problem: dict[str, Any]) -> float:
         return float(self._call("flops", problem))
+
+    def launch(self, kernel: Callable[..., Any], args: list[Any]) -> Any:
+        """One launch of a compiled kernel on ``args``, from the state ``inputs`` gave them."""
+        for i in self.reset_to_zero:
+            args[i].zero_()
+        return kernel(*args)
 
     def vendor_names(self, problem: dict[str, Any]) -> list[str]:
         if self.module is None or not hasattr(self.module, "vendors"):
@@ -237,6 +251,10 @@ def load_kernel(path: str | Path) -> KernelSpec:
     for fn in ("kernel", "inputs", "reference", "flops"):
         if not callable(getattr(module, fn)):
             raise KernelFileError(f"{path}: {fn} must be a function")
+    outputs = tuple(getattr(module, "OUTPUTS", (-1,)))
+    reset = getattr(module, "RESET_TO_ZERO", ())
+    if not isinstance(reset, (list, tuple)) or any(i not in outputs for i in reset):
+        raise KernelFileError(f"{path}: RESET_TO_ZERO must list entries of OUTPUTS {list(outputs)}, got {reset!r}")
     return KernelSpec(
         name=name,
         path=path.resolve(),
@@ -244,7 +262,8 @@ def load_kernel(path: str | Path) -> KernelSpec:
         problem_defaults=dict(problem),
         choices={k: tuple(v) for k, v in getattr(module, "CHOICES", {}).items()},
         params={k: tuple(v) for k, v in params.items()},
-        outputs=tuple(getattr(module, "OUTPUTS", (-1,))),
+        outputs=outputs,
+        reset_to_zero=tuple(reset),
         tolerance=float(getattr(module, "TOLERANCE", 1e-2)),
         scheduled_only={k: tuple(v) for k, v in _mapping_of_lists(module, "SCHEDULED_ONLY", path).items()},
         module=module,

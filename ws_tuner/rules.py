@@ -3,7 +3,7 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 
 - ``register_reason``: setmaxnreg budgets agree within a warpgroup, stay
   under ptxas' cap, move the way tilelang's instruction moves them (see
-  ``launch_registers``), and fit the 64K-register pool (the sum over
+  ``launch_registers`` and ``raises_budget``), and fit the 64K-register pool (the sum over
   warpgroups of max_nreg x 128 threads; a warpgroup without a budget keeps
   the launch's share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
@@ -19,9 +19,6 @@ from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Role, Schedule
 REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
 MAX_THREADS = 1024
 PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
-# MaterializeWSSchedule raises a budget at or above this (setmaxnreg.inc) and
-# lowers one below it (setmaxnreg.dec): kNregIncThreshold in tilelang 0.1.15.
-SETMAXNREG_INC_FROM = 128
 WGMMA_MIN_ROWS = 64  # tilelang lowers a T.gemm of fewer rows to other MMAs
 
 
@@ -48,6 +45,22 @@ def launch_registers(threads: int) -> int:
     return min(PTXAS_MAX_NREG, REGISTER_FILE // threads) // 8 * 8
 
 
+def raises_budget(schedule: Schedule) -> tuple[int, dict[int, bool]]:
+    """How tilelang 0.1.15's MaterializeWSSchedule moves each warpgroup's budget: up
+    (setmaxnreg.inc) where it is at or above the mean over warpgroups, down (.dec)
+    below it; a warpgroup of roles without a budget counts as 0, a warpgroup of no
+    role takes the smallest budget (its avg_nreg_; later tilelang compares with a
+    fixed 128 instead). Returns (mean, warpgroup -> raised)."""
+    per_wg: dict[int, int] = {}
+    for role in schedule.roles:
+        for wg in role.warpgroups():
+            per_wg.setdefault(wg, role.max_nreg)
+    donor = min((r.max_nreg for r in schedule.roles if r.max_nreg), default=0)
+    budgets = [per_wg.get(wg, donor) for wg in range(schedule.num_warps // WARPS_PER_GROUP)]
+    mean = sum(budgets) // max(len(budgets), 1)
+    return mean, {wg: nreg >= mean for wg, nreg in enumerate(budgets) if nreg}
+
+
 def register_reason(schedule: Schedule) -> str | None:
     """Static register rules of a schedule: alignment of budgets, the ptxas cap, the direction
     setmaxnreg moves them, the register file."""
@@ -59,17 +72,19 @@ def register_reason(schedule: Schedule) -> str | None:
             return f"nreg: {role.name} max_nreg {role.max_nreg} > {PTXAS_MAX_NREG} (ptxas rejects it)"
         for wg in role.warpgroups():
             per_wg.setdefault(wg, set()).add(role.max_nreg)
-    start = launch_registers(schedule.threads)
-    for role in schedule.roles:
-        # setmaxnreg.inc to fewer registers than a warp holds (or .dec to more) is
-        # undefined: on the H200 such consumers died with "illegal instruction".
-        raised = role.max_nreg >= SETMAXNREG_INC_FROM
-        if role.max_nreg and (role.max_nreg < start if raised else role.max_nreg > start):
-            return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if raised else 'lowered'} (setmaxnreg."
-                    f"{'inc' if raised else 'dec'}) from the {start} registers per thread it starts with")  # fmt: skip
     mixed = next((wg for wg, values in per_wg.items() if len(values) > 1), None)
     if mixed is not None:
         return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(per_wg[mixed])}"
+    start = launch_registers(schedule.threads)
+    mean, raised = raises_budget(schedule)
+    for role in schedule.roles:
+        # setmaxnreg.inc to fewer registers than a warp holds (or .dec to more) is
+        # undefined: on the H200 such roles died with "illegal instruction".
+        up = raised.get(role.warpgroups()[0])  # None: no budget, nothing moves
+        if up is not None and (role.max_nreg < start if up else role.max_nreg > start):
+            return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if up else 'lowered'} (setmaxnreg."
+                    f"{'inc' if up else 'dec'}, {'at or above' if up else 'below'} the mean budget {mean}) from the "
+                    f"{start} registers per thread it starts with")  # fmt: skip
     default = REGISTER_FILE // schedule.threads  # what a warpgroup keeps without setmaxnreg
     groups = schedule.num_warps // WARPS_PER_GROUP
     budget = sum((next(iter(per_wg.get(wg, {0}))) or default) for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP

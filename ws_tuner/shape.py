@@ -33,10 +33,11 @@ ParamsKey = tuple[tuple[str, Any], ...]
 class PointInfo:
     """What the compiler reports about the kernel at one kernel-parameter point."""
 
-    seed: Schedule
+    seed: Schedule | None  # None: no seed to vary, for the reason in no_seed
     shared_bytes: dict[str, int]  # shared buffers the kernel uses: bytes of one version
     accesses: dict[str, OpAccess]  # op or loop id -> what it reads and writes
     buffer_kinds: dict[str, str] = field(default_factory=dict)  # allocated buffer -> "shared", "fragment", "local", ...
+    no_seed: str = ""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class ScheduleSpace:
         self._check = check
         self._check_candidates = check_candidates
         self._shapes: dict[ParamsKey, SeedShape | str] = {}
+        self._seedless: set[ParamsKey] = set()  # served by the kernel, but without a seed to vary
         self._seeds: dict[tuple, Variants] = {}
         self._deadlocks = DeadlockModel()  # shared: the seeds of different kernel parameters often deadlock alike
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
@@ -95,11 +96,20 @@ class ScheduleSpace:
                 self._shapes[params] = f"kernel: {reason}"
             else:
                 info = self._point_info(dict(params))
+                if info.seed is None:
+                    self._seedless.add(params)
+                    self._shapes[params] = f"seed: {info.no_seed}"
+                    return self._shapes[params]
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
                     self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset, self._deadlocks)
                 self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
+
+    def serves(self, params: ParamsKey) -> bool:
+        """Whether the kernel serves these parameters (its check passes), with a seed
+        to vary or without one: the points where baselines are measured."""
+        return not isinstance(self.shape(params), str) or params in self._seedless
 
     def splits(self, shape: SeedShape) -> tuple[str, ...]:
         return tuple(shape.splits)

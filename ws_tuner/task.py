@@ -108,7 +108,10 @@ class Task:
         if self.recorded is not None:
             return self.recorded.info(params)
         func = self.primfunc(params)
-        prepared, seed = compiler.prepare(func)
+        try:
+            prepared, seed = compiler.prepare(func)
+        except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
+            return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc))
         return PointInfo(
             seed=seed,
             shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
@@ -143,8 +146,8 @@ class Task:
     def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
         """Anchor choices, best first: the seed schedule at the first valid point (a
         kernel of the same family and cost as the candidates), else the reference."""
-        seed = self.space().seed_candidate(points[0]) if points else None
-        return ([seed] if isinstance(seed, Candidate) else []) + [Candidate.make({}, None, Lowering.REFERENCE)]
+        seeds = (c for c in map(self.space().seed_candidate, points) if isinstance(c, Candidate))
+        return [c for c in [next(seeds, None)] if c is not None] + [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def vendor_baselines(self) -> list[Candidate]:
         """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""

@@ -170,7 +170,7 @@ class Tuner:
 
     def _valid_param_points(self) -> list[tuple[tuple[str, Any], ...]]:
         space = self.task.space()
-        return [p for p in space.param_points() if not isinstance(space.shape(p), str)]
+        return [p for p in space.param_points() if space.serves(p)]
 
 
 def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k: int = 3) -> list[Candidate]:

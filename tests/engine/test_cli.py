@@ -79,6 +79,21 @@ def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
     assert "kept as in the seed: pipeline layout, depths and stages: no pipeline synchronizes a loop" in proc.stderr
 
 
+@pytest.mark.slow
+def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir):
+    """Split-K with atomics: role_based finds nothing to specialize, so there is no
+    space; tilelang's own lowerings are still built (and, on a GPU, timed)."""
+    kernel, shape = str(data_dir / "splitk_gemm.py"), "M=4096,N=4096,K=8192"
+    space = ws_tune("space", kernel, "--shape", shape, env={"COLUMNS": "250"})
+    assert space.returncode == 0, space.stderr
+    assert "seed: kernel has no WS schedule and tilelang's role_based scheduler found nothing to specialize" in space.stdout
+    tuned = ws_tune(kernel, "--shape", shape, "--param", "block_M=128,block_N=256,num_stages=3,split_k=2", "--budget", "2",
+                    "--jobs", "2", "--db", str(tmp_path / "r.db"), "--compile-only")  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert "no schedule space (seed: kernel has no WS schedule" in tuned.stderr
+    assert re.search(r"built\s+│\s+2\s", tuned.stdout), tuned.stdout  # tilelang's default and role_based lowerings
+
+
 def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
     proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
     assert proc.returncode == 0, proc.stderr

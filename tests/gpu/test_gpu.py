@@ -5,6 +5,8 @@ Skipped where no NVIDIA GPU is visible (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
 
 pytestmark = pytest.mark.gpu
 
+ROOT = Path(__file__).resolve().parents[2]
 KERNELS = Path(__file__).parent / "kernels"
 GEMM_PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
@@ -123,6 +126,17 @@ def test_reference_baseline_is_timed(runner, example_path):
     assert result.status is Status.OK and result.tflops > 300
 
 
+def test_a_kernel_that_adds_into_its_output_is_checked_and_timed_from_zero(runner, data_dir):
+    """Split-K with atomics (RESET_TO_ZERO): without the zeroing, the NaN fill of the
+    correctness check and the timed launches would leave every lowering WRONG."""
+    params = {"block_K": 64, "block_M": 128, "block_N": 256, "num_stages": 3, "split_k": 2}
+    problem = {"M": 4096, "N": 4096, "K": 8192}
+    for cand in (Candidate.make(params, None, Lowering.DEFAULT), Candidate.make({"vendor": "cublas"}, None, Lowering.REFERENCE)):
+        result = runner.submit(run_input(data_dir / "splitk_gemm.py", problem, cand)).result()
+        assert result.status is Status.OK, (cand.describe(), result.message)
+        assert result.info["max_rel_error"] < 1e-2 and result.tflops > 100
+
+
 def test_tune_then_lookup_and_compile_best(tmp_path, example_path):
     import torch
 
@@ -149,3 +163,32 @@ def test_tune_then_lookup_and_compile_best(tmp_path, example_path):
     # Nothing stored for this problem: the seed schedule is compiled instead.
     fallback = lookup.compile_best(example_path, "M=2048,N=4096,K=4096", db=str(db))
     assert fallback is not None
+
+
+
+# The conv2d candidate that died with "illegal instruction" in run 23 (16 warps: Worker 0-8 without a budget, Load 8-12 at 56, Store 12-16 at 24).
+CONV_CRASH = '{"num_warps":16,"pipelines":[["data_shared",["data_shared"],5],["weight_shared",["weight_shared"],5],["out_shared",["out_shared"],1]],"roles":[["Worker",0,8,0],["Load",8,12,56],["Store",12,16,24]],"scopes":[["loop_0",[["Worker",[["CONSUMER_WAIT","data_shared",0],["CONSUMER_WAIT","weight_shared",0],"tl_tileop_gemm_0",["CONSUMER_RELEASE","data_shared",0],["CONSUMER_RELEASE","weight_shared",0]]],["Load",[["PRODUCER_ACQUIRE","data_shared",1],"tl_tileop_im2col_0",["PRODUCER_COMMIT","data_shared",1],["PRODUCER_ACQUIRE","weight_shared",0],"tl_tileop_copy_0",["PRODUCER_COMMIT","weight_shared",0]]]]],["tl.ws_scope_root",[["Worker",["tl_tileop_fill_0","loop_0",["PRODUCER_ACQUIRE","out_shared",0],"tl_tileop_copy_1",["PRODUCER_COMMIT","out_shared",0]]],["Load",["loop_0"]],["Store",[["CONSUMER_WAIT","out_shared",0],"tl_tileop_copy_2",["CONSUMER_RELEASE","out_shared",0]]]]]]}'
+
+
+def test_the_setmaxnreg_rule_prunes_what_crashes(runner):
+    """register_reason models which way tilelang 0.1.15 moves a budget: setmaxnreg.inc at
+    or above the mean over warpgroups, where roles without a budget count as 0. Run 23's
+    conv2d candidate (consumers without a budget, the mean 20) had its producer (56) and
+    storer (24) raised from the 128 registers a thread starts with, which PTX leaves
+    undefined: it dies; with the consumers at 208 (the mean 124) both are lowered and it
+    runs. (Undefined need not crash: plain_gemm's seed with its producer raised so ran.)"""
+    from ws_tuner.rules import register_reason
+    from ws_tuner.schedule import Schedule
+    from ws_tuner.task import Task
+
+    spec = load_kernel(ROOT / "tests" / "data" / "conv2d.py")
+    params = {"block_K": 32, "block_M": 64, "block_N": 64, "num_stages": 3}
+    task = Task.make(spec, spec.parse_problem("N=128,C=128,H=64,W=64,F=256"), {k: (v,) for k, v in params.items()})
+    pruned = Schedule.from_json(json.loads(CONV_CRASH))
+    budgets = {"Worker": 208, "Load": 56, "Store": 24}
+    kept = pruned.with_(roles=tuple(dataclasses.replace(r, max_nreg=budgets[r.name]) for r in pruned.roles))
+    assert "Load max_nreg 56 would be raised (setmaxnreg.inc, at or above the mean budget 20)" in register_reason(pruned)
+    assert register_reason(kept) is None
+    results = [runner.submit(run_input(spec.path, task.problem, Candidate.make(params, s))).result() for s in (pruned, kept)]
+    assert results[0].status is Status.CRASH and "illegal instruction" in results[0].message, results[0]
+    assert results[1].status is Status.OK, results[1]

@@ -62,12 +62,17 @@ def tune(
     # Kernel or shape errors surface here, before the database is touched. One
     # survivor is enough: counting the whole space takes seconds.
     count = SpaceCount()
-    if next(task.space().walk(count), None) is None:
+    sp = task.space()
+    if next(sp.walk(count), None) is None:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
-        if not any(not isinstance(task.space().shape(p), str) for p in task.space().param_points()):
+        served = [p for p in sp.param_points() if sp.serves(p)]
+        if not served:
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
-        err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
-    _print_limits(task.space())
+        if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
+            err.print(f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only")
+        else:
+            err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
+    _print_limits(sp)
     store = open_store(db)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
