@@ -205,3 +205,28 @@ def test_user_text_with_brackets_is_printed_as_it_is():
     with err.capture() as captured:
         print_error("kernel(...) failed: index [bold] out of range")
     assert captured.get().strip() == "error: kernel(...) failed: index [bold] out of range"
+
+
+def test_without_a_searched_schedule_the_report_names_the_fastest_baseline(capsys):
+    """A kernel with no schedule space (split-K with atomics): the table ranks the
+    baselines among themselves and says which is fastest."""
+    from types import SimpleNamespace
+
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.cli.tuning import _print_report
+    from ws_tuner.pipeline import BASELINE, TrialRecord, TuneReport
+    from ws_tuner.result import Status, Timing, TrialResult
+    from ws_tuner.workload import Environment, WorkloadKey
+
+    def record(params: dict, lowering: Lowering, ratio: float) -> TrialRecord:
+        cand = Candidate.make(params, None, lowering)
+        result = TrialResult(cand.hash, Status.OK, timing=Timing(ratio, ratio, ratio, 10), tflops=500 / ratio, ratio=ratio, confirmed=True)
+        return TrialRecord(cand, result, BASELINE)
+
+    report = TuneReport(WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0")), 0, compile_only=False)
+    report.records += [record({"split_k": 2}, Lowering.DEFAULT, 1.0), record({"split_k": 2}, Lowering.ROLE_BASED, 0.99),
+                       record({"vendor": "cublas"}, Lowering.REFERENCE, 0.9)]  # fmt: skip
+    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k")))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no schedule of the space was measured: the fastest kernel is reference ([reference] vendor=cublas)" in out
+    assert "1.100x" in out  # default, against the fastest

@@ -24,8 +24,8 @@ from ws_tuner.pipeline import BASELINE, SEARCH, TrialRecord
 from ws_tuner.result import Status, Timing, TrialResult
 
 
-def _record(role: str, status: Status, tflops: float | None = None, cached: bool = False) -> TrialRecord:
-    candidate = Candidate.make({"block": role, "tflops": tflops}, None, Lowering.DEFAULT)
+def _record(role: str, status: Status, tflops: float | None = None, cached: bool = False, lowering: Lowering = Lowering.DEFAULT) -> TrialRecord:
+    candidate = Candidate.make({"block": role, "tflops": tflops}, None, lowering)
     timing = Timing(median_ms=1.0, p20_ms=0.9, p80_ms=1.1, reps=10) if tflops else None
     return TrialRecord(candidate, TrialResult(candidate.hash, status, timing=timing, tflops=tflops), role, cached=cached)
 
@@ -37,11 +37,13 @@ def test_plain_lines_count_search_against_the_budget_and_baselines_apart():
         progress("anchor", None)
         progress("trial", _record(SEARCH, Status.OK, 620.0))
         progress("trial", _record(SEARCH, Status.WRONG))
+        progress("trial", _record(BASELINE, Status.OK, 700.0, lowering=Lowering.REFERENCE))  # cuBLAS: not ws-tune's best
     lines = sink.getvalue().splitlines()
     assert lines[0].startswith("[0/4 search, 1 baseline/warm] baseline, reused: ok") and lines[0].endswith("best so far 500 TFLOP/s")
     assert lines[1] == "timing the anchor"
     assert lines[2].startswith("[1/4 search, 1 baseline/warm] search: ok") and lines[2].endswith("best so far 620 TFLOP/s")
     assert lines[3].startswith("[2/4 search, 1 baseline/warm] search: wrong") and lines[3].endswith("best so far 620 TFLOP/s")
+    assert lines[4].startswith("[2/4 search, 2 baseline/warm] baseline: ok") and lines[4].endswith("best so far 620 TFLOP/s")
     assert progress.interrupted_line(2) == "interrupted: 2 stored, re-run to resume"
 
 

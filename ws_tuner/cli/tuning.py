@@ -119,9 +119,14 @@ def _print_report(report: Any, task: Any) -> None:
         return
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
-    out.print(speed_table(rows, best))
+    # Nothing searched (a kernel without a schedule space): the baselines, ranked among themselves.
+    lead = best or _fastest([rec for _, rec in rows if rec is not None])
+    out.print(speed_table(rows, lead))
     for line in faster_baselines(rows, best):
         out.print(line)
+    if best is None and lead is not None:
+        name = next(n for n, rec in rows if rec is lead)
+        out.print(f"no schedule of the space was measured: the fastest kernel is {name} ({lead.candidate.describe()})")
     if report.anchor is not None:
         out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
     if best is not None and best.candidate.lowering is Lowering.WS:
@@ -156,6 +161,14 @@ def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.0
         if rel is not None and rel < 1 - margin:
             lines.append(f"note: {name} ({rec.candidate.describe()}) is {1 / rel - 1:.1%} faster than the best searched schedule")
     return lines
+
+
+def _fastest(records: list[Any]) -> Any:
+    lead = None
+    for rec in records:
+        if lead is None or (_relative(rec.result, lead.result) or 0.0) > 1.0:
+            lead = rec
+    return lead
 
 
 def _relative(best: Any, other: Any) -> float | None:
