@@ -48,7 +48,10 @@ class SpaceConfig:
     layouts: tuple[str, ...] = (MERGED, SEPARATE)  # "seed" is added where the seed is neither
     depths: tuple[int, ...] = (1, 2, 3, 4, 5)
     max_stage_offset: int = 2
-    producer_nreg: tuple[int, ...] = (24, 40, 56)
+    # 0: no setmaxnreg. Under tilelang 0.1.15's rule (rules.raises_budget) a producer with a
+    # budget beside consumers without one is raised to it, which is undefined: "none at all"
+    # is then the only choice, and at 8 warps (a thread starts with 248) the only one.
+    producer_nreg: tuple[int, ...] = (0, 24, 40, 56)
     consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
     own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
@@ -235,7 +238,7 @@ class SeedShape:
         warpgroup, every buffer in a pipeline of its own at the seed's depth (released
         after the last op that reads it), the seed's stages, producers at the smallest
         register budget and consumers at each budget, largest first (the largest that
-        the register rules allow is the lowering's). A search seeded only by
+        the register rules allow is the lowering's), then no budgets at all. A search seeded only by
         role_based's guess may not come near it (5x slower seeds seen where
         role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
@@ -250,9 +253,12 @@ class SeedShape:
         buffers = {p.name: p.buffers for p in plan.pipelines}
         depths = tuple(max((depth[b] for b in buffers[name] if b in depth), default=1) for name in plan.varied)
         stages = self.variants.seed_stages(plan)
-        light = min(self.config.producer_nreg)
-        return [Point(params, label, layout, depths, stages, tuple(nreg if r in self.analysis.heavy else light for r in plan.roles))
-                for nreg in sorted(self.config.consumer_nreg, reverse=True)]  # fmt: skip
+        light = min((n for n in self.config.producer_nreg if n), default=0)
+        budgets = [(nreg, light) for nreg in sorted(self.config.consumer_nreg, reverse=True)]
+        if 0 in self.config.producer_nreg and 0 in self.config.consumer_nreg:
+            budgets.append((0, 0))  # no setmaxnreg: where the rules allow no budget (8 warps)
+        return [Point(params, label, layout, depths, stages, tuple(heavy_nreg if r in self.analysis.heavy else light_nreg for r in plan.roles))
+                for heavy_nreg, light_nreg in budgets]  # fmt: skip
 
     @staticmethod
     def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:

@@ -22,7 +22,8 @@ from ws_tuner.workload import Environment, WorkloadKey
 
 ROOT = Path(__file__).resolve().parents[2]
 # The static rules of ScheduleSpace.candidate, by the kind a reason starts with.
-RULES = {"kernel", "smem", "order", "deadlock", "threads", "mma", "nreg", "alignment", "registers"}
+# "seed": kernel parameters where role_based gives no seed (blocksparse_gemm.py beyond one stage).
+RULES = {"kernel", "seed", "smem", "order", "deadlock", "threads", "mma", "nreg", "alignment", "registers"}
 
 
 def _load(name: str):
