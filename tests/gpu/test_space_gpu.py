@@ -39,6 +39,13 @@ CASES = {
     "two_consumers": (DATA / "two_consumers.py", "M=4096,N=4096,K=4096", {}),
     "chain_gemm": (DATA / "chain_gemm.py", "M=4096,N=4096,K=4096", {}),
     "persistent_epilogue": (DATA / "persistent_epilogue.py", "M=4096,N=4096,K=4096", {}),
+    # Written as new users would (H200 run 23): TMA im2col, fp8 operands, a loop whose loads and MMA
+    # are conditional, an epilogue that reads global memory.
+    "conv2d": (DATA / "conv2d.py", "N=32,C=128,H=32,W=32,F=256", {}),
+    "fp8_gemm": (DATA / "fp8_gemm.py", "M=4096,N=4096,K=4096", {}),
+    # threads=384: role_based's seed puts 12 warps on a 128x128 tile, which no wgmma split covers (a compile error).
+    "blocksparse_gemm": (DATA / "blocksparse_gemm.py", "M=2048,N=2048,K=2048", {"threads": (256,)}),
+    "bias_silu_gemm": (DATA / "bias_silu_gemm.py", "M=4096,N=4096,K=4096", {}),
 }
 
 
