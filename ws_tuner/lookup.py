@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .candidate import Candidate
+from .candidate import Candidate, Lowering
 from .kernel import KernelSpec, load_kernel
 from .store import Store, StoredTrial, open_store, resolve_db_url
 from .task import Task, params_key
@@ -101,16 +101,18 @@ def best_schedule(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str
 
 def compile_best(kernel: str | Path | KernelSpec, problem: dict[str, Any] | str, *, params: dict[str, Any] | None = None, **kw: Any) -> Any:
     """Compile the kernel with its best stored schedule; without one, with its seed
-    schedule at ``params`` (default: the first value of each kernel parameter)."""
+    schedule at ``params`` (default: the first value of each kernel parameter), or
+    tilelang's default lowering where the kernel has no seed there."""
     from . import compiler
 
     task = _task(kernel, problem)
     candidate = best_schedule(task.spec, task.problem, **kw)
     if candidate is None:
         params = params or {k: v[0] for k, v in task.spec.params.items()}
-        seed = task.space().seed_candidate(params_key(params))
-        if isinstance(seed, str):
+        point = params_key(params)
+        seed = task.space().seed_candidate(point)
+        if isinstance(seed, str) and not task.space().serves(point):
             raise compiler.CompilerError(f"no stored schedule, and the seed at {params} is invalid: {seed}")
-        candidate = seed
+        candidate = seed if isinstance(seed, Candidate) else Candidate.make(params, lowering=Lowering.DEFAULT)
     func, configs = task.lowered(candidate)
     return compiler.compile_kernel(func, configs)
