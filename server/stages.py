@@ -93,12 +93,10 @@ class Stages:
         space = task.space()
         timed = self.runner is not None
 
-        def points() -> list[Any]:
-            return [p for p in space.param_points() if space.serves(p)]
-
         def measured() -> list[Any]:
             """The points of the baselines: every one, or (compile-only: that they build) the first."""
-            return points() if timed else points()[:1]
+            points = space.served_points()
+            return points if timed else points[:1]
 
         def baselines() -> list[Candidate]:
             out: list[Candidate] = []
@@ -108,7 +106,7 @@ class Stages:
 
         return JobEngine(
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space, baselines,
-            anchors=lambda: task.anchors(points()),
+            anchors=lambda: task.anchors(space.served_points()),
             starts=lambda: task.lowering_starts(measured()),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),

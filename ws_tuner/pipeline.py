@@ -151,14 +151,15 @@ class TuneReport:
         return sum(r.result.status is Status.WRONG for r in searched) / len(searched) if searched else None
 
     @staticmethod
-    def _best(records: Iterable[TrialRecord]) -> TrialRecord | None:
+    def best_of(records: Iterable[TrialRecord]) -> TrialRecord | None:
+        """The best correct, timed record of ``records`` (TrialResult.rank_key: confirmed first, then by ratio)."""
         ok = [r for r in records if r.result.status is Status.OK and r.result.timing]
         return min(ok, key=lambda r: r.result.rank_key()) if ok else None
 
     @property
     def best(self) -> TrialRecord | None:
         """The best correct schedule found (the seed schedule included): confirmed first, then by ratio."""
-        return self._best(self.found())
+        return self.best_of(self.found())
 
     def found(self) -> list[TrialRecord]:
         """What the search measured, and the seed: every record but tilelang's own lowerings and the references."""
@@ -166,7 +167,7 @@ class TuneReport:
 
     def baseline(self, kind: str) -> TrialRecord | None:
         """Best of one baseline: "seed", "default", "role_based" or "reference" (vendor libraries included)."""
-        return self._best(self._of_kind(kind))
+        return self.best_of(self._of_kind(kind))
 
     def contenders(self, kind: str, margin: float, most: int) -> list[TrialRecord]:
         """One baseline's points that may be its best: within ``margin`` of its best

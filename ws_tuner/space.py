@@ -111,6 +111,10 @@ class ScheduleSpace:
         to vary or without one: the points where baselines are measured."""
         return not isinstance(self.shape(params), str) or params in self._seedless
 
+    def served_points(self) -> list[ParamsKey]:
+        """Every kernel-parameter point the kernel serves (``serves``), in grid order."""
+        return [p for p in self.param_points() if self.serves(p)]
+
     def splits(self, shape: SeedShape) -> tuple[str, ...]:
         return tuple(shape.splits)
 

@@ -146,8 +146,8 @@ class Task:
     def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
         """Anchor choices, best first: the seed schedule at the first valid point (a
         kernel of the same family and cost as the candidates), else the reference."""
-        seeds = (c for c in map(self.space().seed_candidate, points) if isinstance(c, Candidate))
-        return [c for c in [next(seeds, None)] if c is not None] + [Candidate.make({}, None, Lowering.REFERENCE)]
+        seed = next((c for c in map(self.space().seed_candidate, points) if isinstance(c, Candidate)), None)
+        return ([seed] if seed is not None else []) + [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def vendor_baselines(self) -> list[Candidate]:
         """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""

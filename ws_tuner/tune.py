@@ -169,8 +169,7 @@ class Tuner:
         return list(distinct.values())
 
     def _valid_param_points(self) -> list[tuple[tuple[str, Any], ...]]:
-        space = self.task.space()
-        return [p for p in space.param_points() if space.serves(p)]
+        return self.task.space().served_points()
 
 
 def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k: int = 3) -> list[Candidate]:

@@ -65,7 +65,7 @@ def tune(
     sp = task.space()
     if next(sp.walk(count), None) is None:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
-        served = [p for p in sp.param_points() if sp.serves(p)]
+        served = sp.served_points()
         if not served:
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
         if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
@@ -120,7 +120,7 @@ def _print_report(report: Any, task: Any) -> None:
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
     # Nothing searched (a kernel without a schedule space): the baselines, ranked among themselves.
-    lead = best or _fastest([rec for _, rec in rows if rec is not None])
+    lead = best or report.best_of(rec for _, rec in rows if rec is not None)
     out.print(speed_table(rows, lead))
     for line in faster_baselines(rows, best):
         out.print(line)
@@ -161,14 +161,6 @@ def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.0
         if rel is not None and rel < 1 - margin:
             lines.append(f"note: {name} ({rec.candidate.describe()}) is {1 / rel - 1:.1%} faster than the best searched schedule")
     return lines
-
-
-def _fastest(records: list[Any]) -> Any:
-    lead = None
-    for rec in records:
-        if lead is None or (_relative(rec.result, lead.result) or 0.0) > 1.0:
-            lead = rec
-    return lead
 
 
 def _relative(best: Any, other: Any) -> float | None:
