@@ -15,8 +15,12 @@ import logging
 import os
 import re
 import subprocess
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import tilelang
 import tilelang.language as T
@@ -325,16 +329,44 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     if seed is not None:
         return func, seed
     try:
-        with tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
+        with _native_log() as log, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
             mod = tilelang.transform.InjectAssumes()(_prologue(func))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
+    skipped = [line.split(_SKIPPED, 1)[1].strip() for line in log if _SKIPPED in line]
+    if other := [line for line in log if _SKIPPED not in line]:
+        sys.stderr.write("\n".join(other) + "\n")
     prepared = mod["main"]
     seed = own_schedule(prepared)
     if seed is None:
-        raise NoSeed("kernel has no WS schedule and tilelang's role_based scheduler found nothing to specialize")
+        why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
+        raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     return prepared, seed
+
+
+_SKIPPED = "AutoWarpSpecialization skipped:"
+_native_log_lock = threading.Lock()
+
+
+@contextmanager
+def _native_log() -> Iterator[list[str]]:
+    """The lines TVM's C++ logging writes to stderr while the block runs, in a list
+    filled when it ends. The role_based scheduler says why it skipped a kernel only
+    there (LOG(WARNING), no Python hook), once per point of a space: ws-tune puts
+    the reason in its own one-line message instead of letting the copies through."""
+    lines: list[str] = []
+    with _native_log_lock, tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
 
 
 def attach(func: Any, schedule: Schedule) -> Any:

@@ -47,6 +47,19 @@ def test_plain_lines_count_search_against_the_budget_and_baselines_apart():
     assert progress.interrupted_line(2) == "interrupted: 2 stored, re-run to resume"
 
 
+def test_a_long_candidate_label_is_logged_whole_and_cut_visibly_on_the_bar():
+    """A label cut at a fixed width printed "A_sx1,B_sx" for "A_sx1,B_sx5": another schedule."""
+    label = {"block": "x" * 120}  # longer than any width the bar gives it
+    record = TrialRecord(Candidate.make(label, None, Lowering.DEFAULT), TrialResult("h", Status.BUILT), SEARCH)
+    sink = io.StringIO()
+    with TuneProgress(Console(file=sink, force_terminal=False, width=400), budget=1) as progress:
+        progress("trial", record)
+    assert record.candidate.describe() in sink.getvalue()
+    progress.live = True  # the bar's description: the first 69 characters and a mark
+    progress("trial", record)
+    assert progress.bar.tasks[0].description.endswith("…") and len(progress.bar.tasks[0].description) == 14 + 70
+
+
 def test_the_terminal_bar_has_total_eta_and_best():
     sink = io.StringIO()
     with TuneProgress(Console(file=sink, force_terminal=True, width=200), budget=40) as progress:

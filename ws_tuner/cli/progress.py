@@ -66,17 +66,22 @@ class TuneProgress:
         ours = record.candidate.lowering is not Lowering.REFERENCE
         if ours and r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best):
             self.best = r.tflops
-        what = f"{r.status.value:>13} {record.candidate.describe()[:70]}"
+        what = f"{r.status.value:>13} {_clip(record.candidate.describe(), 70)}"
         self.bar.update(self.task, completed=min(self.searched, self.budget), description=what, best=self._best_text())
         if not self.live:
             role = "search" if record.role == SEARCH else record.role
             reused = ", reused" if record.cached else ""
             self.console.print(f"[{self.searched}/{self.budget} search, {self.others} baseline/warm] {role}{reused}: "
-                               f"{r.status.value} {record.candidate.describe()[:90]}; {self._best_text()}", highlight=False)  # fmt: skip
+                               f"{r.status.value} {record.candidate.describe()}; {self._best_text()}", markup=False, highlight=False)  # fmt: skip
 
     @staticmethod
     def interrupted_line(stored: int) -> str:
         return f"interrupted: {stored} stored, re-run to resume"
+
+
+def _clip(text: str, width: int) -> str:
+    """At most ``width`` characters, marked where cut (a cut label, "B_sx" for "B_sx5", reads as another schedule)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @contextmanager
@@ -94,6 +99,6 @@ def counting(console: Console, what: str, interval: float = LOG_INTERVAL) -> Ite
             now = time.monotonic()
             if not live and now - last[0] >= interval:
                 last[0] = now
-                console.print(f"{what}: {seen:,} seen, {kept:,} kept", highlight=False)
+                console.print(f"{what}: {seen:,} seen, {kept:,} kept", markup=False, highlight=False)
 
         yield tick

@@ -72,6 +72,7 @@ def tune(
             err.print(f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only")
         else:
             err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
+        budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     _print_limits(sp)
     store = open_store(db)
     if not compile_only and not gpu_available():
