@@ -93,21 +93,11 @@ class Stages:
         space = task.space()
         timed = self.runner is not None
 
-        def measured() -> list[Any]:
-            """The points of the baselines: every one, or (compile-only: that they build) the first."""
-            points = space.served_points()
-            return points if timed else points[:1]
-
-        def baselines() -> list[Candidate]:
-            out: list[Candidate] = []
-            for params in measured():
-                out += task.baselines(dict(params))
-            return out + (task.vendor_baselines() if timed else [])
-
         return JobEngine(
-            task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space, baselines,
+            task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space,
+            lambda: task.baselines_at(task.measured_points(timed=timed), timed=timed),
             anchors=lambda: task.anchors(space.served_points()),
-            starts=lambda: task.lowering_starts(measured()),
+            starts=lambda: task.lowering_starts(task.measured_points(timed=timed)),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

@@ -8,6 +8,7 @@ with MaterializeWSSchedule, and compiles.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -18,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -329,14 +329,11 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     if seed is not None:
         return func, seed
     try:
-        with _native_log() as log, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
+        with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
             mod = tilelang.transform.InjectAssumes()(_prologue(func))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
-    skipped = [line.split(_SKIPPED, 1)[1].strip() for line in log if _SKIPPED in line]
-    if other := [line for line in log if _SKIPPED not in line]:
-        sys.stderr.write("\n".join(other) + "\n")
     prepared = mod["main"]
     seed = own_schedule(prepared)
     if seed is None:
@@ -346,27 +343,32 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"
-_native_log_lock = threading.Lock()
+_stderr_lock = threading.Lock()
 
 
-@contextmanager
-def _native_log() -> Iterator[list[str]]:
-    """The lines TVM's C++ logging writes to stderr while the block runs, in a list
-    filled when it ends. The role_based scheduler says why it skipped a kernel only
-    there (LOG(WARNING), no Python hook), once per point of a space: ws-tune puts
-    the reason in its own one-line message instead of letting the copies through."""
-    lines: list[str] = []
-    with _native_log_lock, tempfile.TemporaryFile() as sink:
+@contextlib.contextmanager
+def role_based_skips() -> Iterator[list[str]]:
+    """The reasons tilelang's role_based scheduler gives for skipping a kernel, in a
+    list filled when the block ends. It gives them only as C++ warnings on stderr (no
+    Python hook), once per point of a space and again per role_based build: ws-tune
+    says it once, in its own one-line message. Whatever else is written goes through."""
+    reasons: list[str] = []
+    with _stderr_lock, tempfile.TemporaryFile() as sink:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
         try:
-            yield lines
+            yield reasons
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            lines.extend(sink.read().decode(errors="replace").splitlines())
+            other = []
+            for line in sink.read().decode(errors="replace").splitlines():
+                _, skip, reason = line.partition(_SKIPPED)
+                reasons.append(reason.strip()) if skip else other.append(line)
+            if other:
+                sys.stderr.write("\n".join(other) + "\n")
 
 
 def attach(func: Any, schedule: Schedule) -> Any:
@@ -404,8 +406,10 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
 
 
 def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
+    quiet = role_based_skips() if pass_configs == ROLE_BASED_CONFIG else contextlib.nullcontext()
     try:
-        return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
+        with quiet:  # the seed said why role_based skips a kernel (prepare); not again per build
+            return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         raise CompilerError(one_line(exc)) from exc
 

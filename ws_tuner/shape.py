@@ -232,7 +232,7 @@ class SeedShape:
             self.variants.seed_stages(plan), tuple(r.max_nreg for r in self.seed.roles),
         )  # fmt: skip
 
-    def lowering_points(self, params: ParamsKey) -> list[Point]:
+    def lowering_points(self, params: ParamsKey, pipelines: str = SEPARATE) -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
         warpgroup, every buffer in a pipeline of its own at the seed's depth (released
@@ -243,7 +243,7 @@ class SeedShape:
         role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), "warpgroup", True).label)
-        layout = self.analysis.layout_alias.get(SEPARATE)
+        layout = self.analysis.layout_alias.get(pipelines)
         if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy):
             return []
         plan = self.plan(layout)

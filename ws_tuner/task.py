@@ -162,6 +162,17 @@ class Task:
         space = self.space()
         return [c for c in map(space.lowering_candidate, points) if c is not None]
 
+    def measured_points(self, *, timed: bool) -> list[ParamsKey]:
+        """Where the baselines and lowering starts are measured: every point the kernel
+        serves, or, compile-only (that they build is all it shows), the first."""
+        points = self.space().served_points()
+        return points if timed else points[:1]
+
+    def baselines_at(self, points: Iterable[ParamsKey], *, timed: bool) -> list[Candidate]:
+        """``baselines`` at each point, then the vendors (timed only: they do not compile)."""
+        out = [c for params in points for c in self.baselines(dict(params))]
+        return out + (self.vendor_baselines() if timed else [])
+
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering and role_based, at one point
         (tilelang's own lowerings only where the kernel is right in any order)."""

@@ -132,7 +132,7 @@ class Tuner:
             self.listener("trial", self.report.records[-1])
         try:
             self.listener("anchor", None)
-            pipeline.choose_anchor(self.task.anchors(self._valid_param_points()))
+            pipeline.choose_anchor(self.task.anchors(self.task.space().served_points()))
             pipeline.run(deadline)
             self.report.pruned = int(getattr(self.strategy, "pruned", 0))
             pipeline.confirm()
@@ -149,15 +149,10 @@ class Tuner:
     def _first(self) -> list[tuple[Candidate, str]]:
         out: list[tuple[Candidate, str]] = []
         if self.options.baselines:
-            points = self._valid_param_points()
-            # Compile-only runs show that the baselines build; timing them needs the GPU.
-            points = points if self.runner else points[:1]
-            for params in points:
-                out += [(c, BASELINE) for c in self.task.baselines(dict(params))]
+            points = self.task.measured_points(timed=self.runner is not None)
+            out += [(c, BASELINE) for c in self.task.baselines_at(points, timed=self.runner is not None)]
             # Schedules of the space, not baselines: they start the search (see Task.lowering_starts).
             out += [(c, WARM) for c in self.task.lowering_starts(points)]
-            if self.runner:
-                out += [(c, BASELINE) for c in self.task.vendor_baselines()]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]
         # Each candidate once, in its first role, as the service's job queue keeps them
         # (unique per job and candidate): a warm start that is also a seed point (the
@@ -168,8 +163,6 @@ class Tuner:
             distinct.setdefault(candidate.hash, (candidate, role))
         return list(distinct.values())
 
-    def _valid_param_points(self) -> list[tuple[tuple[str, Any], ...]]:
-        return self.task.space().served_points()
 
 
 def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k: int = 3) -> list[Candidate]:

@@ -46,6 +46,9 @@ CASES = {
     # threads=384: role_based's seed puts 12 warps on a 128x128 tile, which no wgmma split covers (a compile error).
     "blocksparse_gemm": (DATA / "blocksparse_gemm.py", "M=2048,N=2048,K=2048", {"threads": (256,)}),
     "bias_silu_gemm": (DATA / "bias_silu_gemm.py", "M=4096,N=4096,K=4096", {}),
+    # Run 24: scales read from global memory inside the pipelined loop (DeepGEMM's 2xAcc); a symbolic M.
+    "blockscaled_fp8_gemm": (DATA / "blockscaled_fp8_gemm.py", "M=2048,N=2048,K=2048", {}),
+    "dynamic_gemm": (DATA / "dynamic_gemm.py", "M=2000,N=2048,K=2048", {}),
 }
 
 
