@@ -297,6 +297,16 @@ class Seed:
         self.layout_alias = {label: next(k for k, v in out.items() if v == flat[label]) for label in (SEED, MERGED, SEPARATE)}
         return out
 
+    def readers_differ(self) -> bool:
+        """Whether some channel holds buffers that different ops read (tilelang's default
+        lowering gives each of those a barrier of its own, one to all of them otherwise)."""
+        for pipes in self.channels.values():
+            buffers = [b for p in pipes for b in p.buffers]
+            readers = {frozenset(o for o, a in self.accesses.items() if b in a.reads and o not in self.scopes) for b in buffers}
+            if len(readers) > 1:
+                return True
+        return False
+
     @property
     def seed_layout(self) -> str:
         return self.layout_alias[SEED]

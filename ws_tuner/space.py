@@ -279,16 +279,17 @@ class ScheduleSpace:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else Candidate.make(dict(params), shape.seed)
 
-    def lowering_candidate(self, params: ParamsKey) -> Candidate | None:
+    def lowering_candidates(self, params: ParamsKey) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel
-        parameters (``SeedShape.lowering_points``): the first of its points that no
-        rule prunes, or None."""
+        parameters (``SeedShape.lowering_points``), in each of ``lowering_layouts``: the
+        first of its points that no rule prunes, each schedule once."""
         shape = self.shape(params)
-        for point in [] if isinstance(shape, str) else shape.lowering_points(params):
-            cand = self.candidate(point)
-            if isinstance(cand, Candidate):
-                return cand
-        return None
+        found: dict[str, Candidate] = {}
+        for layout in [] if isinstance(shape, str) else shape.lowering_layouts():
+            cand = next((c for c in map(self.candidate, shape.lowering_points(params, layout)) if isinstance(c, Candidate)), None)
+            if cand is not None:
+                found.setdefault(cand.hash, cand)
+        return list(found.values())
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
         """A point picked one decision at a time (define-by-run, for Optuna).

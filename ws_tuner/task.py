@@ -156,11 +156,11 @@ class Task:
 
     def lowering_starts(self, points: Iterable[ParamsKey]) -> list[Candidate]:
         """At each kernel-parameter point, the schedule shaped as tilelang's default warp
-        specialization (``ScheduleSpace.lowering_candidate``), where the space holds it:
+        specialization (``ScheduleSpace.lowering_candidates``), where the space holds it:
         measured with the baselines, as warm starts, so that a search seeded by
         role_based's guess starts no worse than that lowering."""
         space = self.space()
-        return [c for c in map(space.lowering_candidate, points) if c is not None]
+        return [c for params in points for c in space.lowering_candidates(params)]
 
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
         """Where the baselines and lowering starts are measured: every point the kernel

@@ -614,35 +614,42 @@ def _loop_syncs(schedule: Schedule, role: str) -> list[Sync]:
 @pytest.mark.parametrize("name", ["plain_gemm.py", "dual_gemm.py"])
 def test_the_lowering_start_is_tilelang_defaults_structure(name):
     """A plain kernel's seed is role_based's guess; the lowering start is what tilelang's
-    default warp specialization builds from the same loop (its generated code differs
-    from the default lowering's in barrier names only): one producer warpgroup first at
-    the smallest budget, the consumer warpgroups at the largest, a pipeline per buffer
-    at the seed's depth, each released after the last op that reads it."""
+    default warp specialization builds from the same loop: one producer warpgroup first
+    at the smallest budget, the consumer warpgroups at the largest, the seed's buffers at
+    the seed's depth, each pipeline released after the last op that reads it. All of a
+    channel's buffers share one pipeline (the default's one barrier per stage where one op
+    reads them all, plain_gemm's A and B); where different ops read them (dual_gemm's X,
+    W1, W2) a start with a pipeline per buffer, the default's own layout there, follows."""
     task = task_of(ROOT / "tests" / "data" / name, "M=1024,N=1024,K=1024")
     space = task.space()
     for params in space.param_points():
-        seed, start = space.seed_candidate(params).schedule, space.lowering_candidate(params).schedule
-        (consumer,) = [r for r in seed.roles if r.warps % 4 == 0]
-        producer = next(r for r in start.roles if r.name != consumer.name)
-        assert (producer.warp_lo, producer.warp_hi, producer.max_nreg) == (0, 4, min(n for n in SpaceConfig().producer_nreg if n))
-        assert start.role(consumer.name).warps == consumer.warps and start.role(consumer.name).max_nreg == max(SpaceConfig().consumer_nreg)
+        seed, starts = space.seed_candidate(params).schedule, [c.schedule for c in space.lowering_candidates(params)]
         depth = {b: p.depth for p in seed.pipelines for b in p.buffers}
-        assert sorted((p.buffers, p.depth) for p in start.pipelines) == sorted(((b,), d) for b, d in depth.items())
-        body = [i for s in start.scopes if s.id != ROOT_SCOPE for r, b in s.bodies if r == consumer.name for i in b]
-        for pipe in start.pipelines:  # released right after the last op that reads its buffer
-            release = body.index(next(i for i in body if isinstance(i, Sync) and i.pipeline == pipe.name and i.kind == "CONSUMER_RELEASE"))
-            readers = [k for k, i in enumerate(body) if isinstance(i, str) and pipe.buffers[0] in task.point_info(dict(params)).accesses[i].reads]
-            assert readers and release > max(readers) and not any(isinstance(i, str) for i in body[max(readers) + 1 : release])
-        assert {s.stage for s in _loop_syncs(start, consumer.name)} == {0}
-    verify(task, space.lowering_candidate(next(iter(space.param_points()))))
+        layouts = [sorted((p.buffers, p.depth) for p in start.pipelines) for start in starts]
+        separate = sorted(((b,), d) for b, d in depth.items())
+        assert layouts[0] == [(tuple(b for p in seed.pipelines for b in p.buffers), max(depth.values()))]
+        assert layouts[1:] == ([separate] if name == "dual_gemm.py" else [])
+        (consumer,) = [r for r in seed.roles if r.warps % 4 == 0]
+        for start in starts:
+            producer = next(r for r in start.roles if r.name != consumer.name)
+            assert (producer.warp_lo, producer.warp_hi, producer.max_nreg) == (0, 4, min(n for n in SpaceConfig().producer_nreg if n))
+            assert start.role(consumer.name).warps == consumer.warps and start.role(consumer.name).max_nreg == max(SpaceConfig().consumer_nreg)
+            body = [i for s in start.scopes if s.id != ROOT_SCOPE for r, b in s.bodies if r == consumer.name for i in b]
+            for pipe in start.pipelines:  # released right after the last op that reads its buffers
+                release = body.index(next(i for i in body if isinstance(i, Sync) and i.pipeline == pipe.name and i.kind == "CONSUMER_RELEASE"))
+                readers = [k for k, i in enumerate(body) if isinstance(i, str) and set(pipe.buffers) & task.point_info(dict(params)).accesses[i].reads]
+                assert readers and release > max(readers) and not any(isinstance(i, str) for i in body[max(readers) + 1 : release])
+            assert {s.stage for s in _loop_syncs(start, consumer.name)} == {0}
+    for start in space.lowering_candidates(next(iter(space.param_points()))):
+        verify(task, start)
 
 
-def test_the_lowering_start_splits_a_merged_seed_and_keeps_its_stages(gemm_task):
-    """examples/gemm.py's seed has A and B in one pipeline; the start gives each its own
-    at the seed's depth, and passes the verifier."""
+def test_the_lowering_start_keeps_a_merged_seed_and_its_stages(gemm_task):
+    """examples/gemm.py's seed has A and B in one pipeline, read by one MMA: the start
+    keeps them so at the seed's depth, and passes the verifier."""
     space = gemm_task.space()
-    start = space.lowering_candidate(GEMM_PARAMS)
-    assert {p.buffers: p.depth for p in start.schedule.pipelines} == {("A_shared",): 3, ("B_shared",): 3}
+    (start,) = space.lowering_candidates(GEMM_PARAMS)
+    assert {p.buffers: p.depth for p in start.schedule.pipelines} == {("A_shared", "B_shared"): 3}
     verify(gemm_task, start)
 
 
@@ -660,11 +667,11 @@ def test_the_lowering_start_takes_the_largest_budget_the_rules_allow():
 
     first = space.shape(point(192)).lowering_points(point(192))[0]
     assert first.nregs[0] == 240 and "registers: sum of nreg x threads = 95232" in space.candidate(first)
-    start = space.lowering_candidate(point(192))
+    start = space.lowering_candidates(point(192))[0]
     assert start.schedule.num_warps == 16 and start.schedule.role("Consumer").max_nreg == 160
     verify(task, start)
     lows = space.shape(point(64)).lowering_points(point(64))
     assert all("setmaxnreg" in space.candidate(p) for p in lows[:-1]) and lows[-1].nregs == (0, 0)
-    start = space.lowering_candidate(point(64))
+    start = space.lowering_candidates(point(64))[0]
     assert start.schedule.num_warps == 8 and all(r.max_nreg == 0 for r in start.schedule.roles)  # no setmaxnreg at all
     verify(task, start)
