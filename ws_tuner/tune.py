@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +57,23 @@ def compile_only_environment() -> Environment:
     )
 
 
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C (SIGINT) during the block raises KeyboardInterrupt when it ends, not
+    inside it. Only the main thread receives signals; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):  # as it would have landed: Python's default handler raises KeyboardInterrupt
+        previous(signal.SIGINT, None)
+
+
 class StoreRecorder(Recorder):
     """The CLI's recorder: first the warm start, then search places up to the
     budget (counting what earlier runs stored); results go to the store."""
@@ -80,8 +100,9 @@ class StoreRecorder(Recorder):
                 self.budget = self.searched  # the space has nothing more: stop asking
 
     def record(self, slot: Slot, candidate: Candidate, result: TrialResult) -> bool:
-        self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
-        self.stored += 1
+        with interrupts_deferred():  # a Ctrl-C between the commit and the count miscounted what was stored
+            self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
+            self.stored += 1
         return True
 
     def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:

@@ -272,3 +272,21 @@ def test_the_search_starts_from_tilelangs_default_structure(task, store):
     assert len(starts) == 4 and starts <= set(roles)
     assert {roles[h] for h in starts} == {"warm"}
     assert len(builder.submitted) == len(set(builder.submitted))
+
+
+def test_a_ctrl_c_during_a_commit_lands_after_it():
+    """The recorder commits a trial and counts it inside ``interrupts_deferred``: a
+    Ctrl-C between the two (the count said 1 stored with 2 in the store) waits."""
+    import os
+    import signal
+
+    from ws_tuner.tune import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("committed")
+            done.append("counted")
+    assert done == ["committed", "counted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
