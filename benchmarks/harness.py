@@ -182,6 +182,12 @@ def fidelity_rows(items: list[Entry], times: dict[str, dict[str, float]]) -> lis
     return rows
 
 
+def tuning_key(row: dict[str, Any]) -> str:
+    """Which tuning a row belongs to: its problem, and its kernel where rows of several
+    kernels share a table (two kernel files tuned at M=N=K=4096 are two tunings)."""
+    return json.dumps([row.get("kernel"), row["problem"]], sort_keys=True)
+
+
 def order_agrees(rows: list[dict[str, Any]], tie: float = 0.01) -> bool:
     """Whether ws-tune and the independent timer order the winner against every
     baseline of its tuning alike. Kernels within ``tie`` of each other by either
@@ -189,7 +195,7 @@ def order_agrees(rows: list[dict[str, Any]], tie: float = 0.01) -> bool:
     (the seed at the winning point) neither."""
     by_problem: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        by_problem.setdefault(json.dumps(row["problem"], sort_keys=True), []).append(row)
+        by_problem.setdefault(tuning_key(row), []).append(row)
     for group in by_problem.values():
         ws = next((r for r in group if r["kind"] == "ws"), None)
         for other in (r for r in group if ws and r["kind"] in KINDS[1:] and r["candidate_hash"] != ws["candidate_hash"]):
@@ -237,10 +243,10 @@ def run(kernel_file: Path, problems: dict[str, dict[str, Any]], grid: dict[str, 
 
 def table(rows: list[dict[str, Any]], fidelity: list[dict[str, Any]], columns: list[tuple[str, str, str | None]]) -> list[str]:
     """Markdown rows: each column (title, row key, fidelity kind or None) as `ws-tune / independent` where both exist."""
-    indep = {(json.dumps(f["problem"], sort_keys=True), f["kind"]): f for f in fidelity}
+    indep = {(tuning_key(f), f["kind"]): f for f in fidelity}
 
     def cell(row: dict[str, Any], key: str, kind: str | None) -> str:
-        f = indep.get((json.dumps(row["problem"], sort_keys=True), kind)) if kind else None
+        f = indep.get((tuning_key(row), kind)) if kind else None
         return f"{row[key]} / {f['independent_tflops']}" if f and row.get(key) is not None else str(row.get(key))
 
     lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
