@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import harness
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -165,31 +167,6 @@ def ablated(path: Path, name: str, out: Path) -> Path:
 # --- kernels of the tables, through ws-tune ----------------------------------------------
 
 
-def table_kernels(path: Path, problem: dict[str, Any], points: dict[str, tuple[str, str]], *, vendors: bool = True) -> dict[str, Callable[[list[Any]], Any]]:
-    """Each (point, lowering) of ``points`` built through ws-tune ("ws": the seed
-    schedule at the point), and the kernel file's vendors."""
-    from ws_tuner import gpu
-    from ws_tuner.candidate import Candidate, Lowering
-    from ws_tuner.kernel import load_kernel
-    from ws_tuner.runner import RunInput
-    from ws_tuner.task import Task
-
-    spec = load_kernel(path)
-    out: dict[str, Callable[[list[Any]], Any]] = {}
-    for label, (point, lowering) in points.items():
-        task = Task.make(spec, spec.parse_problem(problem), spec.parse_params(point))
-        params = next(iter(task.space().param_points()))
-        candidate = task.space().seed_candidate(params) if lowering == "ws" else Candidate.make(dict(params), lowering=Lowering(lowering))
-        if isinstance(candidate, str):
-            raise SystemExit(f"no seed at {point}: {candidate}")
-        try:
-            out[label] = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, candidate))[1]
-        except Exception as exc:  # noqa: BLE001 - a baseline that does not build is reported, not fatal
-            print(f"{label}: {str(exc).splitlines()[0][:200]}", flush=True)
-    problem = spec.parse_problem(problem)
-    return out | ({name: spec.vendor(problem, name) for name in spec.vendor_names(problem)} if vendors else {})
-
-
 # --- the measurement ----------------------------------------------------------------------
 
 
@@ -262,7 +239,7 @@ def gemm_group(nvml: Any, seconds: float, out: Path, rows: list[dict[str, Any]])
     spec = load_kernel(ROOT / "examples" / "gemm.py")
     problem = spec.parse_problem(GEMM)
     args = spec.inputs(problem, "cuda")
-    kernels = {k: (lambda fn=fn: fn(args)) for k, fn in table_kernels(ROOT / "examples" / "gemm.py", GEMM, GEMM_KERNELS).items()}
+    kernels = {k: (lambda fn=fn: fn(args)) for k, fn in harness.launchers(ROOT / "examples" / "gemm.py", GEMM, GEMM_KERNELS).items()}
     a, b, c = args
     for mode in ("l2", "noload"):
         kern = compile_floor(gemm_floor(GEMM["M"], GEMM["N"], GEMM["K"], mode=mode))
@@ -278,10 +255,10 @@ def attention_group(nvml: Any, seconds: float, out: Path, rows: list[dict[str, A
     for label, raw in ATTENTION.items():
         problem = spec.parse_problem(raw)
         args = spec.inputs(problem, "cuda")
-        kernels = {k: (lambda fn=fn: fn(args)) for k, fn in table_kernels(ROOT / "examples" / "attention.py", raw, ATTENTION_KERNELS[raw["D"]]).items()}
+        kernels = {k: (lambda fn=fn: fn(args)) for k, fn in harness.launchers(ROOT / "examples" / "attention.py", raw, ATTENTION_KERNELS[raw["D"]]).items()}
         for name in ABLATIONS:
             copy = ablated(ROOT / "examples" / "attention.py", name, out)
-            fn = table_kernels(copy, raw, {"ws": ATTENTION_KERNELS[raw["D"]]["ws"]}, vendors=False)["ws"]
+            fn = harness.launchers(copy, raw, {"ws": ATTENTION_KERNELS[raw["D"]]["ws"]}, vendors=False)["ws"]
             kernels[name] = lambda fn=fn: fn(args)
         for mode in ("loads", "noload"):
             kern = compile_floor(attention_floor(raw["B"], raw["H"], raw["S"], raw["D"], mode=mode))

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ws_tuner import search
 from ws_tuner.builder import LocalBuilder
-from ws_tuner.candidate import Lowering
+from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.pipeline import TrialRecord, TuneReport
 from ws_tuner.runner import EvaluatorConfig, LocalRunner, RunInput
 from ws_tuner.store import open_store
@@ -158,6 +158,29 @@ def independent(items: list[Entry], *, gpu: int = 0, rounds: int = 3, preheat_s:
             torch.cuda.synchronize()
             loop[label].append(start.elapsed_time(stop) / n)
     return {k: {"do_bench_ms": statistics.median(bench[k]), "loop_ms": statistics.median(loop[k])} for k in order}
+
+
+def launchers(path: Path, problem: dict[str, Any] | str, points: dict[str, tuple[str, str]], *, vendors: bool = True) -> dict[str, Callable[[list[Any]], Any]]:
+    """``launch(args)`` of each label's (kernel-parameter point, lowering) built through
+    ws-tune ("ws": the seed schedule at the point), and of the kernel file's vendors: for
+    benchmarks that time or profile fixed kernels with a timer of their own."""
+    from ws_tuner import gpu
+    from ws_tuner.kernel import load_kernel
+
+    spec = load_kernel(path)
+    out: dict[str, Callable[[list[Any]], Any]] = {}
+    for label, (point, lowering) in points.items():
+        task = Task.make(spec, spec.parse_problem(problem), spec.parse_params(point))
+        params = next(iter(task.space().param_points()))
+        candidate = task.space().seed_candidate(params) if lowering == "ws" else Candidate.make(dict(params), lowering=Lowering(lowering))
+        if isinstance(candidate, str):
+            raise SystemExit(f"no seed at {point}: {candidate}")
+        try:
+            out[label] = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, candidate))[1]
+        except Exception as exc:  # noqa: BLE001 - a baseline that does not build is reported, not fatal
+            print(f"{label}: {str(exc).splitlines()[0][:200]}", flush=True)
+    problem = spec.parse_problem(problem)
+    return out | ({name: spec.vendor(problem, name) for name in spec.vendor_names(problem)} if vendors else {})
 
 
 def fidelity_rows(items: list[Entry], times: dict[str, dict[str, float]]) -> list[dict[str, Any]]:

@@ -14,14 +14,10 @@ cudaProfilerStart and cudaProfilerStop, so ncu sees those kernels alone.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import harness
 import torch
-
-from ws_tuner import gpu
-from ws_tuner.candidate import Candidate, Lowering
-from ws_tuner.kernel import load_kernel
-from ws_tuner.runner import RunInput
-from ws_tuner.task import Task
 
 
 def main() -> None:
@@ -33,19 +29,13 @@ def main() -> None:
     ap.add_argument("--lowering", nargs="*", default=[], choices=["default", "role_based"],
                     help="tilelang's own lowerings of the same point, profiled after the seed (the point must be plain: sync, cooperative)")
     args = ap.parse_args()
+    from ws_tuner.kernel import load_kernel
+
     spec = load_kernel(args.file)
-    task = Task.make(spec, spec.parse_problem(args.shape), spec.parse_params(args.param))
-    point = next(iter(task.space().param_points()))
-    seed = task.space().seed_candidate(point)
-    if isinstance(seed, str):
-        raise SystemExit(f"no seed at {args.param}: {seed}")
-    _, launch = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, seed))
-    inputs = spec.inputs(task.problem, "cuda")
-    kernels = {"seed": lambda: launch(inputs)}
-    for lowering in args.lowering:  # what a baseline of the tuning is: the plain program, no schedule
-        _, base = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, Candidate.make(dict(point), lowering=Lowering(lowering))))
-        kernels[lowering] = lambda fn=base: fn(inputs)
-    kernels |= {name: (lambda fn=spec.vendor(task.problem, name): fn(inputs)) for name in spec.vendor_names(task.problem)}
+    points = {"seed": (args.param, "ws"), **{lowering: (args.param, lowering) for lowering in args.lowering}}
+    launch = harness.launchers(Path(args.file), args.shape, points)
+    inputs = spec.inputs(spec.parse_problem(args.shape), "cuda")
+    kernels = {name: (lambda fn=fn: fn(inputs)) for name, fn in launch.items()}
     for fn in kernels.values():  # compile, autotune and warm up outside the profiled range
         for _ in range(3):
             fn()
@@ -58,7 +48,7 @@ def main() -> None:
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
     torch.cuda.cudart().cudaProfilerStop()
-    print("profiled:", ", ".join(kernels), "| seed:", seed.describe())
+    print("profiled:", ", ".join(kernels))
 
 
 if __name__ == "__main__":

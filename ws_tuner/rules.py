@@ -45,38 +45,37 @@ def launch_registers(threads: int) -> int:
     return min(PTXAS_MAX_NREG, REGISTER_FILE // threads) // 8 * 8
 
 
-def raises_budget(schedule: Schedule) -> tuple[int, dict[int, bool]]:
-    """How tilelang 0.1.15's MaterializeWSSchedule moves each warpgroup's budget: up
+def raises_budget(budgets: dict[int, int], groups: int) -> tuple[int, dict[int, bool]]:
+    """How tilelang 0.1.15's MaterializeWSSchedule moves each warpgroup's budget
+    (``budgets``: warpgroup -> its roles' max_nreg, of ``groups`` warpgroups): up
     (setmaxnreg.inc) where it is at or above the mean over warpgroups, down (.dec)
     below it; a warpgroup of roles without a budget counts as 0, a warpgroup of no
     role takes the smallest budget (its avg_nreg_; later tilelang compares with a
     fixed 128 instead). Returns (mean, warpgroup -> raised)."""
-    per_wg: dict[int, int] = {}
-    for role in schedule.roles:
-        for wg in role.warpgroups():
-            per_wg.setdefault(wg, role.max_nreg)
-    donor = min((r.max_nreg for r in schedule.roles if r.max_nreg), default=0)
-    budgets = [per_wg.get(wg, donor) for wg in range(schedule.num_warps // WARPS_PER_GROUP)]
-    mean = sum(budgets) // max(len(budgets), 1)
-    return mean, {wg: nreg >= mean for wg, nreg in enumerate(budgets) if nreg}
+    donor = min((n for n in budgets.values() if n), default=0)
+    every = [budgets.get(wg, donor) for wg in range(groups)]
+    mean = sum(every) // max(len(every), 1)
+    return mean, {wg: nreg >= mean for wg, nreg in enumerate(every) if nreg}
 
 
 def register_reason(schedule: Schedule) -> str | None:
     """Static register rules of a schedule: alignment of budgets, the ptxas cap, the direction
     setmaxnreg moves them, the register file."""
-    per_wg: dict[int, set[int]] = {}
+    asked: dict[int, set[int]] = {}  # warpgroup -> the budgets its roles ask for
     for role in schedule.roles:
         if role.warp_lo < 0 or role.warp_hi > schedule.num_warps or role.warp_lo >= role.warp_hi:
             return f"alignment: role {role.name} warps [{role.warp_lo},{role.warp_hi}) outside [0,{schedule.num_warps})"
         if role.max_nreg > PTXAS_MAX_NREG:
             return f"nreg: {role.name} max_nreg {role.max_nreg} > {PTXAS_MAX_NREG} (ptxas rejects it)"
         for wg in role.warpgroups():
-            per_wg.setdefault(wg, set()).add(role.max_nreg)
-    mixed = next((wg for wg, values in per_wg.items() if len(values) > 1), None)
+            asked.setdefault(wg, set()).add(role.max_nreg)
+    mixed = next((wg for wg, values in asked.items() if len(values) > 1), None)
     if mixed is not None:
-        return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(per_wg[mixed])}"
+        return f"alignment: roles sharing warpgroup {mixed} ask for different max_nreg {sorted(asked[mixed])}"
+    budgets = {wg: next(iter(values)) for wg, values in asked.items()}
+    groups = schedule.num_warps // WARPS_PER_GROUP
     start = launch_registers(schedule.threads)
-    mean, raised = raises_budget(schedule)
+    mean, raised = raises_budget(budgets, groups)
     for role in schedule.roles:
         # setmaxnreg.inc to fewer registers than a warp holds (or .dec to more) is
         # undefined: on the H200 such roles died with "illegal instruction".
@@ -85,9 +84,9 @@ def register_reason(schedule: Schedule) -> str | None:
             return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if up else 'lowered'} (setmaxnreg."
                     f"{'inc' if up else 'dec'}, {'at or above' if up else 'below'} the mean budget {mean}) from the "
                     f"{start} registers per thread it starts with")  # fmt: skip
-    default = REGISTER_FILE // schedule.threads  # what a warpgroup keeps without setmaxnreg
-    groups = schedule.num_warps // WARPS_PER_GROUP
-    budget = sum((next(iter(per_wg.get(wg, {0}))) or default) for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP
+    # The pool: a warpgroup without a budget (or without a role) keeps its launch share.
+    default = REGISTER_FILE // schedule.threads
+    budget = sum(budgets.get(wg, 0) or default for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP
     if budget > REGISTER_FILE:
         return f"registers: sum of nreg x threads = {budget} > {REGISTER_FILE}"
     return None

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def floor():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports harness.py beside it, as the benchmark scripts do
     spec = importlib.util.spec_from_file_location("energy_floor", ROOT / "benchmarks" / "energy_floor.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["energy_floor"] = module
