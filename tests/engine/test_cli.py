@@ -97,6 +97,25 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir):
     assert "pruned" not in tuned.stdout  # no space, no search: nothing drawn to be pruned
 
 
+@pytest.mark.slow
+def test_a_tuning_says_why_its_candidates_failed(tmp_path, data_dir):
+    """RMSNorm at two stages: tilelang 0.1.15's layout inference refuses every lowering.
+    The outcome table only counts them; the lines under it give the message."""
+    tuned = ws_tune(str(data_dir / "rmsnorm.py"), "--shape", "M=1024,N=1024", "--param", "blk_m=1,blk_k=512,num_stages=2,threads=256",
+                    "--budget", "2", "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only", env={"COLUMNS": "400"})  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert re.search(r"^compile_error: 2 x Check failed: .*InputShape\(\).* \(e\.g\. \[default\] blk_k=512", tuned.stdout, re.M), tuned.stdout
+    assert "AutoWarpSpecialization skipped" not in tuned.stderr  # role_based's reason is in the seed line, once
+
+
+def test_failure_lines_give_each_status_its_most_common_message():
+    from ws_tuner.cli.common import failure_lines
+
+    failed = [("wrong", "max rel err 0.5", "a"), ("compile_error", "nvcc: out of memory", "b"), ("wrong", "max rel err 0.5", "c"),
+              ("wrong", "nan in output", "d"), ("crash", "", "e")]  # fmt: skip
+    assert failure_lines(failed) == ["compile_error: 1 x nvcc: out of memory (e.g. b)", "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)"]
+
+
 def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
     proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
     assert proc.returncode == 0, proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -116,3 +117,21 @@ def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = 
     spec = load_kernel(file)
     config = SpaceConfig.from_toml(space) if space else None
     return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param), config)
+
+
+def failure_lines(failures: list[tuple[str, str, str]]) -> list[str]:
+    """Why candidates failed, from (status, message, candidate) of each failed trial:
+    for each status its most common message, how many got it and one of them (a table
+    of outcomes only counts them)."""
+    seen: dict[str, Counter] = {}
+    example: dict[tuple[str, str], str] = {}
+    for status, message, candidate in failures:
+        if message:
+            seen.setdefault(status, Counter())[message] += 1
+            example.setdefault((status, message), candidate)
+    lines = []
+    for status, messages in sorted(seen.items()):
+        message, n = messages.most_common(1)[0]
+        others = f"; {len(messages) - 1} other message(s)" if len(messages) > 1 else ""
+        lines.append(f"{status}: {n} x {message} (e.g. {example[status, message]}){others}")
+    return lines

@@ -19,6 +19,7 @@ from .common import (
     _task,
     app,
     err,
+    failure_lines,
     handles_errors,
     out,
 )
@@ -98,6 +99,7 @@ def tune(
 
 def _print_report(report: Any, task: Any) -> None:
     from ..candidate import Lowering
+    from ..result import Status
 
     counts = report.counts()
     table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
@@ -113,7 +115,9 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{report.shared} sharing another's generated code)")  # fmt: skip
     out.print(table)
-    for line in failure_lines(report.records):
+    failed = [(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records
+              if r.result.status not in (Status.OK, Status.BUILT)]  # fmt: skip
+    for line in failure_lines(failed):
         out.print(line)
     if report.out_of_time:  # a budget shorter than preparing the points leaves the baselines only: say so
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
@@ -153,28 +157,6 @@ def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
                       f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
                       f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
     return speed
-
-
-def failure_lines(records: list[Any]) -> list[str]:
-    """Why candidates failed: for each failing outcome, its most common message, how
-    many got it and one of them (the table only counts them)."""
-    from collections import Counter
-
-    from ..result import Status
-
-    seen: dict[Status, Counter] = {}
-    example: dict[tuple[Status, str], Any] = {}
-    for rec in records:
-        status, message = rec.result.status, rec.result.message
-        if status not in (Status.OK, Status.BUILT) and message:
-            seen.setdefault(status, Counter())[message] += 1
-            example.setdefault((status, message), rec.candidate)
-    lines = []
-    for status, messages in sorted(seen.items(), key=lambda item: item[0].value):
-        message, n = messages.most_common(1)[0]
-        others = f"; {len(messages) - 1} other message(s) in the store" if len(messages) > 1 else ""
-        lines.append(f"{status.value}: {n} x {message} (e.g. {example[status, message].describe()}){others}")
-    return lines
 
 
 def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.01) -> list[str]:
