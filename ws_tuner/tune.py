@@ -20,7 +20,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from .builder import Builder
 from .candidate import Candidate, Lowering

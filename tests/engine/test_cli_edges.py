@@ -4,12 +4,7 @@ nothing is created on the way."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
