@@ -1,7 +1,7 @@
 """tilelang's own lowerings and ws-tune's schedules of the same structure, side by side
 (run it on the GPU machine): for each ``FILE@SHAPE@PARAMS`` (one kernel-parameter
 point), the default and role_based lowerings, the seed schedule and the lowering start
-(``SeedShape.lowering_points``) in each pipeline layout, timed by the independent timer
+(``ScheduleSpace.lowering_candidate``) in each pipeline layout, timed by the independent timer
 (harness.py: do_bench and a back-to-back loop after a pre-heat, interleaved rounds).
 What a gap between a lowering and its twin comes from is read off the generated code.
 
@@ -32,11 +32,10 @@ def entries(file: str, shape: str, pins: str) -> list[harness.Entry]:
     found: dict[str, Candidate] = {"default": Candidate.make(dict(params), lowering=Lowering.DEFAULT),
                                    "role_based": Candidate.make(dict(params), lowering=Lowering.ROLE_BASED)}  # fmt: skip
     seed = space.seed_candidate(params)
-    shape_ = space.shape(params)
-    if isinstance(seed, Candidate) and not isinstance(shape_, str):
+    if isinstance(seed, Candidate):
         found["seed"] = seed
         for layout in (SEPARATE, MERGED):
-            start = next((c for c in map(space.candidate, shape_.lowering_points(params, layout)) if isinstance(c, Candidate)), None)
+            start = space.lowering_candidate(params, layout)
             if start is not None and start.hash not in {c.hash for c in found.values()}:
                 found[f"start_{layout}"] = start
     label = f"{spec.name} {' '.join(f'{k}={v}' for k, v in params)}"

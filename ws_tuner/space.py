@@ -281,15 +281,21 @@ class ScheduleSpace:
 
     def lowering_candidates(self, params: ParamsKey) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel
-        parameters (``SeedShape.lowering_points``), in each of ``lowering_layouts``: the
-        first of its points that no rule prunes, each schedule once."""
+        parameters, in each of ``SeedShape.lowering_layouts``, each schedule once."""
         shape = self.shape(params)
         found: dict[str, Candidate] = {}
         for layout in [] if isinstance(shape, str) else shape.lowering_layouts():
-            cand = next((c for c in map(self.candidate, shape.lowering_points(params, layout)) if isinstance(c, Candidate)), None)
+            cand = self.lowering_candidate(params, layout)
             if cand is not None:
                 found.setdefault(cand.hash, cand)
         return list(found.values())
+
+    def lowering_candidate(self, params: ParamsKey, layout: str) -> Candidate | None:
+        """That structure in one pipeline layout (``SeedShape.lowering_points``): the first
+        of its points that no rule prunes, or None."""
+        shape = self.shape(params)
+        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout)
+        return next((c for c in map(self.candidate, points) if isinstance(c, Candidate)), None)
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
         """A point picked one decision at a time (define-by-run, for Optuna).

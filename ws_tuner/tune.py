@@ -169,8 +169,9 @@ class Tuner:
     def _first(self) -> list[tuple[Candidate, str]]:
         out: list[tuple[Candidate, str]] = []
         if self.options.baselines:
-            points = self.task.measured_points(timed=self.runner is not None)
-            out += [(c, BASELINE) for c in self.task.baselines_at(points, timed=self.runner is not None)]
+            timed = self.runner is not None
+            points = self.task.measured_points(timed=timed)
+            out += [(c, BASELINE) for c in self.task.baselines_at(points, timed=timed)]
             # Schedules of the space, not baselines: they start the search (see Task.lowering_starts).
             out += [(c, WARM) for c in self.task.lowering_starts(points)]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]
