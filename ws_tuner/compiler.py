@@ -29,7 +29,7 @@ from tilelang import tvm
 from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
-from .schedule import SYNC_KINDS, OpAccess, Pipeline, Role, Schedule, Scope, Sync
+from .schedule import SYNC_KINDS, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
@@ -242,7 +242,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
     reads: set[str] = set()
     writes: set[str] = set()
     issues = retires = False
-    tiles: list[tuple[int, int]] = []
+    mmas: list[Mma] = []
     through_region: set[int] = set()  # loads that name a tile op's region, not a read
     calls: list[Any] = []
     stmt_functor.post_order_visit(stmt, lambda n: calls.append(n) if isinstance(n, tvm.tirx.Call) else None)
@@ -260,7 +260,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
             wait = int(dict(getattr(call, "annotations", {}) or {}).get("wg_wait", 0))
             issues = issues or wait != 0 or name != "tl.tileop.gemm"
             retires = retires or wait > 0
-            tiles += _accumulator_tiles(call)
+            mmas += _mma(call, allocated)
         elif name in ASYNC_RETIRE_OPS:
             retires = True
 
@@ -279,19 +279,22 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)
-    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(tiles))
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas))
 
 
-def _accumulator_tiles(mma: Any) -> list[tuple[int, int]]:
-    """(rows, columns) of the fragments an MMA call writes, where they are static."""
-    out = []
-    for arg in mma.args:
-        op = getattr(getattr(arg, "op", None), "name", "")
-        if op == "tl.region" and int(arg.args[1]) & 2 and "fragment" in arg.args[0].buffer.scope():
-            shape = [getattr(d, "value", None) for d in arg.args[0].buffer.shape]
-            if len(shape) == 2 and all(isinstance(d, int) for d in shape):
-                out.append((shape[0], shape[1]))
-    return out
+def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:
+    """The MMA of a gemm call (its slots: A, B, C regions, transposes, M, N, K,
+    policy, ...), where its tile is static and its accumulator a fragment."""
+    regions = [a for a in call.args[:3] if getattr(getattr(a, "op", None), "name", "") == "tl.region"]
+    if len(regions) < 3 or "fragment" not in regions[2].args[0].buffer.scope():
+        return []
+    ints = [getattr(a, "value", None) for a in call.args[5:9]]
+    if len(ints) < 4 or not all(isinstance(v, int) for v in ints):
+        return []
+    rows, cols, _, policy = ints
+    a, c = regions[0].args[0].buffer, regions[2].args[0].buffer
+    operand = allocated.get(a.data) if "fragment" in a.scope() else None
+    return [Mma(rows, cols, policy, allocated.get(c.data, str(c.name)), operand)]
 
 
 def _text(value: Any) -> str:
@@ -425,13 +428,18 @@ def code_hash(kernel: Any) -> str | None:
 
 
 def one_line(exc: BaseException, limit: int = 600) -> str:
-    """The informative line of a TVM / nvcc error (they come with backtraces and warnings)."""
+    """The informative line of a TVM / nvcc error (they come with backtraces and
+    warnings): a failed check or error line, else the headline, where one ends
+    with ":" to introduce the dump that follows (a layout conflict's fragments),
+    else the last line."""
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for pattern in (r"Check failed", r"\bfatal\b", r"\berror\b"):
         hits = [ln for ln in lines if re.search(pattern, ln, re.I) and "warning" not in ln.lower() and not ln.startswith("Compilation error")]
         if hits:
             return re.sub(r"^.*?(Check failed: )", r"\1", hits[0])[:limit]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[0].rstrip(":")[:limit]
     return lines[-1][:limit]
 
 

@@ -7,11 +7,13 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
   warpgroups of max_nreg x 128 threads; a warpgroup without a budget keeps
   the launch's share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
-  write, as a warpgroup MMA must.
+  write, as a warpgroup MMA must, and split rows only where one MMA's
+  accumulator feeds another's register operand.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Role, Schedule
@@ -22,19 +24,55 @@ PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
 WGMMA_MIN_ROWS = 64  # tilelang lowers a T.gemm of fewer rows to other MMAs
 
 
-def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[tuple[int, int]]]) -> str | None:
+SQUARE, FULL_ROW, FULL_COL = 0, 1, 2  # tilelang's GemmWarpPolicy
+
+
+@dataclass(frozen=True, order=True)
+class MmaTile:
+    """The tile an MMA accumulates, its warp policy, and whether it is chained:
+    its accumulator feeds a register operand, or its register operand is fed by
+    an accumulator, through the role's fragments."""
+
+    rows: int
+    cols: int
+    policy: int = SQUARE
+    chained: bool = False
+
+
+def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> tuple[int, int] | None:
+    """(m, n) warps over rows and columns, as tilelang 0.1.15's
+    ComputeWgmmaWarpPartition picks them: m a multiple of 4, each warp owning a
+    multiple of 16 rows and 8 columns; full row takes the largest m, full column
+    the largest n, square the ratio nearest the tile's; None where none fits."""
+    valid = [(m, warps // m) for m in range(WARPS_PER_GROUP, warps + 1, WARPS_PER_GROUP)
+             if warps % m == 0 and rows % (16 * m) == 0 and cols % (8 * (warps // m)) == 0]  # fmt: skip
+    if not valid:
+        return None
+    if policy == FULL_ROW:
+        return max(valid)
+    if policy == FULL_COL:
+        return min(valid)
+    return min(valid, key=lambda mn: abs(rows / (mn[0] * 16) / (cols / (mn[1] * 8)) - rows / cols))
+
+
+def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> str | None:
     """Whether each role's warps can split the accumulators its MMAs write, as a
-    warpgroup MMA must (tilelang's ComputeWgmmaWarpPartition): m x n warps, m a
-    multiple of 4, each owning a multiple of 16 rows and 8 columns. Where
-    tilelang would not use a warpgroup MMA (under 64 rows, partial warpgroups)
-    the rule says nothing."""
+    warpgroup MMA must (``wgmma_partition``), and, for chained MMAs, split rows
+    only: a warpgroup MMA reads its register operand's whole rows, so an
+    accumulator whose columns are spread over warpgroups cannot feed it (and
+    tilelang's layout inference reports a conflict). Where tilelang would not
+    use a warpgroup MMA (under 64 rows, partial warpgroups) the rule says nothing."""
     for role in roles:
         warps = role.warps
-        for rows, cols in sorted(tiles.get(role.name, ())):
-            if rows < WGMMA_MIN_ROWS or warps % WARPS_PER_GROUP:
+        for tile in sorted(tiles.get(role.name, ())):
+            if tile.rows < WGMMA_MIN_ROWS or warps % WARPS_PER_GROUP:
                 continue
-            if not any(warps % m == 0 and rows % (16 * m) == 0 and cols % (8 * (warps // m)) == 0 for m in range(WARPS_PER_GROUP, warps + 1, WARPS_PER_GROUP)):
-                return f"mma: role {role.name}'s {warps} warps cannot split its {rows}x{cols} accumulator (warpgroup MMA: 16 rows x 8 columns per warp)"
+            split = wgmma_partition(tile.rows, tile.cols, warps, tile.policy)
+            if split is None:
+                return f"mma: role {role.name}'s {warps} warps cannot split its {tile.rows}x{tile.cols} accumulator (warpgroup MMA: 16 rows x 8 columns per warp)"
+            if tile.chained and split[1] > 1:
+                return (f"mma: role {role.name}'s {warps} warps would split its {tile.rows}x{tile.cols} accumulator {split[0]}x{split[1]}, "
+                        "columns across warpgroups, but it is chained to an MMA's register operand (rows only)")  # fmt: skip
     return None
 
 

@@ -60,18 +60,31 @@ class Sync:
 
 
 @dataclass(frozen=True)
+class Mma:
+    """One MMA call: the rows x columns of the tile it accumulates, tilelang's
+    GemmWarpPolicy (0 square, 1 full row, 2 full column), the accumulator's name
+    and, where its A operand is read from registers, that fragment's name."""
+
+    rows: int
+    cols: int
+    policy: int = 0
+    accumulator: str = ""
+    operand: str | None = None
+
+
+@dataclass(frozen=True)
 class OpAccess:
     """What one op (or loop) of the kernel reads and writes: allocated buffers
     by name, scalar variables it binds as "$name". ``issues_async``: it starts
     work that finishes later (an async MMA); ``retires_async``: it waits for
-    such work of its role to finish. ``mma_tiles``: the (rows, columns) of each
-    accumulator an MMA in it writes (its role's warps must split them)."""
+    such work of its role to finish. ``mmas``: the MMA calls in it (its role's
+    warps must split their tiles)."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
     issues_async: bool = False
     retires_async: bool = False
-    mma_tiles: tuple[tuple[int, int], ...] = ()
+    mmas: tuple[Mma, ...] = ()
 
     @property
     def touched(self) -> frozenset[str]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from .order import OPENS, stage_deltas
+from .rules import MmaTile
 from .schedule import CONSUMER_SYNCS, ROOT_SCOPE, Instr, OpAccess, Pipeline, Schedule, Sync
 
 SEED, MERGED, SEPARATE = "seed", "merged", "separate"
@@ -48,6 +49,18 @@ class Movable:
     buffers: tuple[str, ...]  # what it reads from the role, through the new pipeline
     new_role: str
     pipeline: str
+
+
+def _reach(start: str, flows: Sequence[tuple[frozenset[str], frozenset[str]]]) -> set[str]:
+    """The buffers that data written to ``start`` reaches through ops of (reads, writes)."""
+    seen, todo = {start}, [start]
+    while todo:
+        buffer = todo.pop()
+        for reads, writes in flows:
+            if buffer in reads:
+                todo += [w for w in writes if w not in seen]
+                seen |= writes
+    return seen
 
 
 class Seed:
@@ -83,9 +96,19 @@ class Seed:
         return {role for s in self.schedule.scopes for role, body in s.bodies if op in body}
 
     @functools.cached_property
-    def mma_tiles(self) -> dict[str, frozenset[tuple[int, int]]]:
-        """Per role: the accumulator tiles its MMAs write (its warps must split each)."""
-        return {r: frozenset(t for op in self._ops_of(r) for t in self.access(op).mma_tiles) for r in self.role_names}
+    def mma_tiles(self) -> dict[str, frozenset[MmaTile]]:
+        """Per role: the tiles its MMAs accumulate (its warps must split each),
+        marked ``chained`` where an accumulator flows through the role's
+        fragments into an MMA's register operand (attention's S into P @ V)."""
+        out = {}
+        for role in self.role_names:
+            accesses = [self.access(op) for op in self._ops_of(role)]
+            mmas = [m for a in accesses for m in a.mmas]
+            flows = [(a.reads, a.writes) for a in accesses if not a.mmas]
+            chained = {m for m in mmas if m.operand and any(m.operand in _reach(src.accumulator, flows) for src in mmas)}
+            chained |= {src for src in mmas if any(m.operand in _reach(src.accumulator, flows) for m in mmas if m.operand)}
+            out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained) for m in mmas)
+        return out
 
     @functools.cached_property
     def async_resources(self) -> dict[str, frozenset[str]]:

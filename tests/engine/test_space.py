@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.rules import mma_reason, register_reason
+from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, mma_reason, register_reason, wgmma_partition
 from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
@@ -178,12 +179,59 @@ def test_register_rules_on_hand_written_schedules():
 
 
 def test_mma_rule_on_hand_written_roles():
-    tiles = {"c": frozenset({(128, 128)})}
+    tiles = {"c": frozenset({MmaTile(128, 128)})}
     assert mma_reason([Role("c", 0, 8)], tiles) is None  # 4 x 2 warps of 32 x 64
     assert "12 warps cannot split its 128x128" in mma_reason([Role("c", 0, 12)], tiles)  # 4 x 3: 128 / 24 columns; 12 x 1: 128 / 192 rows
-    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(192, 256)})}) is None  # 12 x 1 warps of 16 x 256
-    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({(32, 128)})}) is None  # under 64 rows: not a warpgroup MMA
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({MmaTile(192, 256)})}) is None  # 12 x 1 warps of 16 x 256
+    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({MmaTile(32, 128)})}) is None  # under 64 rows: not a warpgroup MMA
     assert mma_reason([Role("p", 0, 1)], tiles) is None  # a role without MMAs
+
+
+def test_wgmma_partition_is_tilelangs():
+    """tilelang 0.1.15's ComputeWgmmaWarpPartition: full row takes the most row warps,
+    full column the most column warps, square the ratio nearest the tile's."""
+    assert wgmma_partition(128, 256, 8, FULL_ROW) == (8, 1)
+    assert wgmma_partition(128, 256, 8, FULL_COL) == (4, 2)
+    assert wgmma_partition(128, 256, 8) == (4, 2)  # 32x128 per warp against 16x256: 4x2 is nearer 1:2
+    assert wgmma_partition(64, 64, 8, FULL_ROW) == (4, 2)  # 8 row warps would own 8 rows each
+    assert wgmma_partition(128, 128, 12) is None
+
+
+def test_chained_mmas_split_rows_only():
+    """An accumulator feeding a register operand (attention's S into P @ V) cannot
+    have its columns spread over warpgroups: a warpgroup MMA reads whole rows."""
+    chained = {"c": frozenset({MmaTile(64, 64, FULL_ROW, chained=True), MmaTile(64, 128, FULL_ROW, chained=True)})}
+    assert "would split its 64x64 accumulator 4x2, columns across warpgroups" in mma_reason([Role("c", 0, 8)], chained)
+    assert mma_reason([Role("c", 0, 4)], chained) is None  # one warpgroup: 4 x 1
+    assert mma_reason([Role("c", 0, 8)], {"c": frozenset({MmaTile(128, 128, FULL_ROW, chained=True)})}) is None  # 8 x 1
+    assert mma_reason([Role("c", 0, 8)], {"c": frozenset({MmaTile(64, 64, FULL_ROW)})}) is None  # not chained: 4 x 2 is fine
+
+
+def test_chains_are_found_through_the_roles_fragments(data_dir):
+    """gqa_decode's S = Q K^T reaches P @ V's register operand through the softmax and
+    a cast; w4a16's register operand is dequantized from a copy, no accumulator."""
+    decode = task_of(data_dir / "gqa_decode.py", "batch=2,seqlen_kv=1024").space()
+    tiles = decode.shape((("block_N", 64), ("num_split", 1), ("num_stages", 2))).analysis.mma_tiles
+    assert tiles["Worker"] == {MmaTile(64, 64, FULL_ROW, True), MmaTile(64, 128, FULL_ROW, True)}
+    w4 = task_of(data_dir / "w4a16_gemm.py", "M=256,N=256,K=256").space()
+    tiles = w4.shape((("block_K", 64), ("block_M", 64), ("block_N", 128), ("num_stages", 2), ("threads", 256))).analysis.mma_tiles
+    assert tiles["Worker"] == {MmaTile(128, 64)}
+
+
+def test_a_chained_split_is_what_tilelang_refuses(data_dir):
+    """The premise of the chained rule, through tilelang's own lowering: the
+    decode kernel's Worker widened to two warpgroups fails layout inference, and
+    the compile error says so in one line."""
+    task = task_of(data_dir / "gqa_decode.py", "batch=2,seqlen_kv=1024")
+    space = task.space()
+    params = (("block_N", 64), ("num_split", 1), ("num_stages", 2))
+    shape = space.shape(params)
+    assert space.split_reason(params, shape, "2xWG+warp@last").startswith("mma: role Worker's 8 warps would split")
+    point = replace(shape.seed_point(params), roles="2xWG+warp@last", nregs=(0,) * len(shape.seed.roles))
+    func, configs = task.lowered(Candidate.make(dict(params), shape.schedule(point)))
+    compiler.verify(func)  # MaterializeWSSchedule accepts it: only the rule catches it before nvcc
+    with pytest.raises(compiler.CompilerError, match=r"^Layout infer conflict between acc_s and acc_s_cast in T.Parallel loop$"):
+        compiler.compile_kernel(func, configs)
 
 
 def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
@@ -191,7 +239,7 @@ def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
     space = seeds["chain_gemm.py"].space()
     params = (("block_K", 64), ("block_M", 128), ("block_N", 128))
     shape = space.shape(params)
-    assert shape.analysis.mma_tiles["Worker"] == {(128, 128)}
+    assert shape.analysis.mma_tiles["Worker"] == {MmaTile(128, 128)}
     assert space.split_reason(params, shape, "3xWG+warp@last").startswith("mma:")
     assert space.split_reason(params, shape, "2xWG+warp@last") is None
     assert "mma" in space.count().pruned

@@ -49,6 +49,10 @@ CASES = {
     # Run 24: scales read from global memory inside the pipelined loop (DeepGEMM's 2xAcc); a symbolic M.
     "blockscaled_fp8_gemm": (DATA / "blockscaled_fp8_gemm.py", "M=2048,N=2048,K=2048", {}),
     "dynamic_gemm": (DATA / "dynamic_gemm.py", "M=2000,N=2048,K=2048", {}),
+    # Stop 29: int4 weights dequantized in registers into the MMA's register operand; flash decoding
+    # (two kernels in one function: the split attention, then the combine), S chained into P @ V.
+    "w4a16_gemm": (DATA / "w4a16_gemm.py", "M=2048,N=2048,K=2048", {}),
+    "gqa_decode": (DATA / "gqa_decode.py", "batch=16,seqlen_kv=4096", {}),
 }
 
 
