@@ -13,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import re
 import subprocess
@@ -294,7 +295,9 @@ def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:
     rows, cols, _, policy = ints
     a, c = regions[0].args[0].buffer, regions[2].args[0].buffer
     operand = allocated.get(a.data) if "fragment" in a.scope() else None
-    return [Mma(rows, cols, policy, allocated.get(c.data, str(c.name)), operand)]
+    size = [getattr(d, "value", None) for d in c.shape]
+    words = math.prod(size) * tvm.DataType(c.dtype).bits // 32 if all(isinstance(d, int) for d in size) else 0
+    return [Mma(rows, cols, policy, allocated.get(c.data, str(c.name)), operand, words)]
 
 
 def _text(value: Any) -> str:

@@ -8,7 +8,8 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
   the launch's share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
   write, as a warpgroup MMA must, and split rows only where one MMA's
-  accumulator feeds another's register operand.
+  accumulator feeds another's register operand;
+- ``spill_reason``: each role's accumulators fit its registers per thread.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> s
             if tile.chained and split[1] > 1:
                 return (f"mma: role {role.name}'s {warps} warps would split its {tile.rows}x{tile.cols} accumulator {split[0]}x{split[1]}, "
                         "columns across warpgroups, but it is chained to an MMA's register operand (rows only)")  # fmt: skip
+    return None
+
+
+def spill_reason(schedule: Schedule, words: dict[str, int]) -> str | None:
+    """Whether each role's MMA accumulators (``words`` of 32-bit registers per role) fit
+    its budget per thread: its max_nreg, else what the launch gives. Past it ptxas
+    spills the accumulator to local memory on every MMA (about 5x slower: TILELANG-WS.md);
+    such a schedule runs, but never fast."""
+    for role in schedule.roles:
+        need = -(-words.get(role.name, 0) // (role.warps * THREADS_PER_WARP))
+        budget = role.max_nreg or launch_registers(schedule.threads)
+        if need > budget:
+            return f"spill: role {role.name}'s accumulators take {need} registers per thread, more than its {budget}"
     return None
 
 

@@ -63,13 +63,15 @@ class Sync:
 class Mma:
     """One MMA call: the rows x columns of the tile it accumulates, tilelang's
     GemmWarpPolicy (0 square, 1 full row, 2 full column), the accumulator's name
-    and, where its A operand is read from registers, that fragment's name."""
+    and its words (32-bit registers) and, where its A operand is read from
+    registers, that fragment's name."""
 
     rows: int
     cols: int
     policy: int = 0
     accumulator: str = ""
     operand: str | None = None
+    words: int = 0
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,12 @@ class Seed:
         return out
 
     @functools.cached_property
+    def accumulator_words(self) -> dict[str, int]:
+        """Per role: the 32-bit words of its MMAs' accumulators (each once), live
+        in its registers across its loop."""
+        return {r: sum({m.accumulator: m.words for op in self._ops_of(r) for m in self.access(op).mmas}.values()) for r in self.role_names}
+
+    @functools.cached_property
     def async_resources(self) -> dict[str, frozenset[str]]:
         """Per role: what its asynchronous MMAs touch until a wait retires them."""
         return {r: frozenset().union(*(self.access(op).touched for op in self._ops_of(r) if self.access(op).issues_async)) for r in self.role_names}

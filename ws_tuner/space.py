@@ -19,8 +19,8 @@ the seed, so samplers see a stable space:
 Static rules prune a point before anything is built and say why: the
 kernel's ``check``, shared memory, the seed's dependences and deadlock
 freedom (see seed.py), threads per block, and (rules.py) whether each
-role's warps can split its MMA accumulators, setmaxnreg alignment and the
-64K-register pool. Pruning is hierarchical, and counting multiplies instead
+role's warps can split its MMA accumulators, setmaxnreg alignment, the
+64K-register pool, and whether its accumulators fit its registers. Pruning is hierarchical, and counting multiplies instead
 of enumerating the register budgets, so a space of 10^6 points counts in
 seconds.
 
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .rules import MAX_THREADS, mma_reason, register_reason
+from .rules import MAX_THREADS, mma_reason, register_reason, spill_reason
 from .schedule import THREADS_PER_WARP, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -455,5 +455,6 @@ class ScheduleSpace:
         key = (id(shape.analysis), label, plan.roles, nregs, shape.seed.num_warps if label == SEED else 0)
         if key not in self._register_reasons:
             roles, num_warps = shape.roles(label, plan, nregs)
-            self._register_reasons[key] = register_reason(Schedule(num_warps, roles, ()))
+            schedule = Schedule(num_warps, roles, ())
+            self._register_reasons[key] = register_reason(schedule) or spill_reason(schedule, shape.analysis.accumulator_words)
         return self._register_reasons[key]

@@ -21,7 +21,7 @@ from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, mma_reason, register_reason, wgmma_partition
+from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, mma_reason, register_reason, spill_reason, wgmma_partition
 from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
@@ -216,6 +216,23 @@ def test_chains_are_found_through_the_roles_fragments(data_dir):
     w4 = task_of(data_dir / "w4a16_gemm.py", "M=256,N=256,K=256").space()
     tiles = w4.shape((("block_K", 64), ("block_M", 64), ("block_N", 128), ("num_stages", 2), ("threads", 256))).analysis.mma_tiles
     assert tiles["Worker"] == {MmaTile(128, 64)}
+
+
+def test_accumulators_must_fit_the_roles_registers(data_dir):
+    """MLA's 64x512 output and 64x64 scores (fp32, the two score MMAs share one
+    accumulator) take 288 registers per thread of one warpgroup: past ptxas' 255 and
+    any budget, so every one-warpgroup Worker is pruned; two warpgroups take 144."""
+    task = task_of(data_dir / "mla_decode.py", "batch=2,seqlen_kv=1024")
+    shape = task.space().shape((("block_N", 64), ("num_stages", 2), ("threads", 256)))
+    assert shape.analysis.accumulator_words["Worker"] == 64 * 512 + 64 * 64
+    one = Schedule(6, (Role("Worker", 0, 4, 240), Role("Load", 4, 5, 24), Role("Store", 5, 6, 24)), ())
+    assert spill_reason(one, shape.analysis.accumulator_words) == "spill: role Worker's accumulators take 288 registers per thread, more than its 240"
+    two = Schedule(12, (Role("Worker", 0, 8, 240), Role("Load", 8, 12, 24)), ())
+    assert spill_reason(two, shape.analysis.accumulator_words) is None
+    unbudgeted = Schedule(12, (Role("Worker", 0, 8), Role("Load", 8, 12)), ())  # 384 threads launch with 168 each
+    assert spill_reason(unbudgeted, {"Worker": 64 * 512 + 64 * 64}) is None
+    assert "take 176 registers per thread, more than its 168" in spill_reason(unbudgeted, {"Worker": 256 * 176})
+    assert "spill" in task.space().count().pruned
 
 
 def test_a_chained_split_is_what_tilelang_refuses(data_dir):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ws_tuner.server.config import Settings
+
+if TYPE_CHECKING:
+    from ws_tuner.workload import WorkloadKey
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
