@@ -295,9 +295,9 @@ def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:
     rows, cols, _, policy = ints
     a, c = regions[0].args[0].buffer, regions[2].args[0].buffer
     operand = allocated.get(a.data) if "fragment" in a.scope() else None
-    size = [getattr(d, "value", None) for d in c.shape]
-    words = math.prod(size) * tvm.DataType(c.dtype).bits // 32 if all(isinstance(d, int) for d in size) else 0
-    return [Mma(rows, cols, policy, allocated.get(c.data, str(c.name)), operand, words)]
+    size, bits = [getattr(d, "value", None) for d in c.shape], tvm.DataType(c.dtype).bits
+    words = math.prod(size) * bits // 32 if all(isinstance(d, int) for d in size) else 0
+    return [Mma(rows, cols, policy, allocated.get(c.data, str(c.name)), operand, words, bits)]
 
 
 def _text(value: Any) -> str:

@@ -9,7 +9,8 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
   write, as a warpgroup MMA must, and split rows only where one MMA's
   accumulator feeds another's register operand;
-- ``spill_reason``: each role's accumulators fit its registers per thread.
+- ``spill_reason``: each role's accumulators fit its registers per thread,
+  and each warpgroup MMA instruction fits what the launch gives a thread.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
 MAX_THREADS = 1024
 PTXAS_MAX_NREG = 255  # setmaxnreg accepts 256, ptxas does not (TILELANG-WS.md)
 WGMMA_MIN_ROWS = 64  # tilelang lowers a T.gemm of fewer rows to other MMAs
+WGMMA_MAX_COLS = 256  # one wgmma instruction: m64 x n <= 256 per warpgroup
+# Registers an m64nN wgmma needs beyond its accumulator: ptxas (C7602, "Insufficient
+# registers (128) ... register target of 154 or higher") for m64n256 fp32 at 512 threads.
+WGMMA_OVERHEAD = 26
 
 
 SQUARE, FULL_ROW, FULL_COL = 0, 1, 2  # tilelang's GemmWarpPolicy
@@ -38,6 +43,7 @@ class MmaTile:
     cols: int
     policy: int = SQUARE
     chained: bool = False
+    bits: int = 32  # per accumulator element
 
 
 def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> tuple[int, int] | None:
@@ -77,16 +83,25 @@ def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> s
     return None
 
 
-def spill_reason(schedule: Schedule, words: dict[str, int]) -> str | None:
+def spill_reason(schedule: Schedule, words: dict[str, int], tiles: dict[str, frozenset[MmaTile]]) -> str | None:
     """Whether each role's MMA accumulators (``words`` of 32-bit registers per role) fit
     its budget per thread: its max_nreg, else what the launch gives. Past it ptxas
     spills the accumulator to local memory on every MMA (about 5x slower: TILELANG-WS.md);
-    such a schedule runs, but never fast."""
+    such a schedule runs, but never fast. And whether each warpgroup MMA instruction
+    fits what the launch gives a thread: ptxas compiles every instruction within the
+    launch bounds' registers, whatever setmaxnreg raises a role to later (C7602)."""
+    start = launch_registers(schedule.threads)
     for role in schedule.roles:
         need = -(-words.get(role.name, 0) // (role.warps * THREADS_PER_WARP))
-        budget = role.max_nreg or launch_registers(schedule.threads)
+        budget = role.max_nreg or start
         if need > budget:
             return f"spill: role {role.name}'s accumulators take {need} registers per thread, more than its {budget}"
+        for tile in sorted(tiles.get(role.name, ())):
+            split = wgmma_partition(tile.rows, tile.cols, role.warps, tile.policy) if tile.rows >= WGMMA_MIN_ROWS and role.warps % WARPS_PER_GROUP == 0 else None
+            cols = min(WGMMA_MAX_COLS, tile.cols // split[1]) if split else 0
+            if cols and cols * tile.bits // 64 + WGMMA_OVERHEAD > start:
+                return (f"registers: role {role.name}'s m64n{cols} MMA needs about {cols * tile.bits // 64 + WGMMA_OVERHEAD} registers per thread, "
+                        f"more than the {start} that {schedule.threads} threads launch with")  # fmt: skip
     return None
 
 

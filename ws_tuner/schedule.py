@@ -64,7 +64,7 @@ class Mma:
     """One MMA call: the rows x columns of the tile it accumulates, tilelang's
     GemmWarpPolicy (0 square, 1 full row, 2 full column), the accumulator's name
     and its words (32-bit registers) and, where its A operand is read from
-    registers, that fragment's name."""
+    registers, that fragment's name; ``bits`` per accumulator element."""
 
     rows: int
     cols: int
@@ -72,6 +72,7 @@ class Mma:
     accumulator: str = ""
     operand: str | None = None
     words: int = 0
+    bits: int = 32
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class Seed:
             flows = [(a.reads, a.writes) for a in accesses if not a.mmas]
             chained = {m for m in mmas if m.operand and any(m.operand in _reach(src.accumulator, flows) for src in mmas)}
             chained |= {src for src in mmas if any(m.operand in _reach(src.accumulator, flows) for m in mmas if m.operand)}
-            out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained) for m in mmas)
+            out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained, m.bits) for m in mmas)
         return out
 
     @functools.cached_property

@@ -456,5 +456,5 @@ class ScheduleSpace:
         if key not in self._register_reasons:
             roles, num_warps = shape.roles(label, plan, nregs)
             schedule = Schedule(num_warps, roles, ())
-            self._register_reasons[key] = register_reason(schedule) or spill_reason(schedule, shape.analysis.accumulator_words)
+            self._register_reasons[key] = register_reason(schedule) or spill_reason(schedule, shape.analysis.accumulator_words, shape.analysis.mma_tiles)
         return self._register_reasons[key]

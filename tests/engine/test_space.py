@@ -226,12 +226,18 @@ def test_accumulators_must_fit_the_roles_registers(data_dir):
     shape = task.space().shape((("block_N", 64), ("num_stages", 2), ("threads", 256)))
     assert shape.analysis.accumulator_words["Worker"] == 64 * 512 + 64 * 64
     one = Schedule(6, (Role("Worker", 0, 4, 240), Role("Load", 4, 5, 24), Role("Store", 5, 6, 24)), ())
-    assert spill_reason(one, shape.analysis.accumulator_words) == "spill: role Worker's accumulators take 288 registers per thread, more than its 240"
+    assert spill_reason(one, shape.analysis.accumulator_words, {}) == "spill: role Worker's accumulators take 288 registers per thread, more than its 240"
     two = Schedule(12, (Role("Worker", 0, 8, 240), Role("Load", 8, 12, 24)), ())
-    assert spill_reason(two, shape.analysis.accumulator_words) is None
     unbudgeted = Schedule(12, (Role("Worker", 0, 8), Role("Load", 8, 12)), ())  # 384 threads launch with 168 each
-    assert spill_reason(unbudgeted, {"Worker": 64 * 512 + 64 * 64}) is None
-    assert "take 176 registers per thread, more than its 168" in spill_reason(unbudgeted, {"Worker": 256 * 176})
+    assert spill_reason(unbudgeted, {"Worker": 64 * 512 + 64 * 64}, {}) is None
+    assert "take 176 registers per thread, more than its 168" in spill_reason(unbudgeted, {"Worker": 256 * 176}, {})
+    # ptxas compiles each wgmma within the launch's registers: two warpgroups split the
+    # 64x512 output into m64n256 (128 accumulator registers), which 512 threads (128 each)
+    # cannot hold whatever the budget; at 384 threads (168) it compiles.
+    wide = Schedule(16, (Role("Worker", 0, 8, 232), Role("Load", 8, 12, 24), Role("Store", 12, 16, 24)), ())
+    assert spill_reason(wide, shape.analysis.accumulator_words, shape.analysis.mma_tiles) == (
+        "registers: role Worker's m64n256 MMA needs about 154 registers per thread, more than the 128 that 512 threads launch with")
+    assert spill_reason(two, shape.analysis.accumulator_words, shape.analysis.mma_tiles) is None
     assert "spill" in task.space().count().pruned
 
 

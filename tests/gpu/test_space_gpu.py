@@ -53,6 +53,8 @@ CASES = {
     # (two kernels in one function: the split attention, then the combine), S chained into P @ V.
     "w4a16_gemm": (DATA / "w4a16_gemm.py", "M=2048,N=2048,K=2048", {}),
     "gqa_decode": (DATA / "gqa_decode.py", "batch=16,seqlen_kv=4096", {}),
+    # The latent tile read by both MMAs; 64x512 output accumulator (the spill and wgmma-register rules).
+    "mla_decode": (DATA / "mla_decode.py", "batch=16,seqlen_kv=2048", {"out": ("own",)}),
 }
 
 
