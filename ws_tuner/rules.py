@@ -62,6 +62,12 @@ def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> t
     return min(valid, key=lambda mn: abs(rows / (mn[0] * 16) / (cols / (mn[1] * 8)) - rows / cols))
 
 
+def is_wgmma(tile: MmaTile, warps: int) -> bool:
+    """Whether tilelang lowers this MMA of a role of ``warps`` to warpgroup MMAs
+    (under 64 rows, or with partial warpgroups, it uses other MMAs)."""
+    return tile.rows >= WGMMA_MIN_ROWS and warps % WARPS_PER_GROUP == 0
+
+
 def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> str | None:
     """Whether each role's warps can split the accumulators its MMAs write, as a
     warpgroup MMA must (``wgmma_partition``), and, for chained MMAs, split rows
@@ -72,7 +78,7 @@ def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> s
     for role in roles:
         warps = role.warps
         for tile in sorted(tiles.get(role.name, ())):
-            if tile.rows < WGMMA_MIN_ROWS or warps % WARPS_PER_GROUP:
+            if not is_wgmma(tile, warps):
                 continue
             split = wgmma_partition(tile.rows, tile.cols, warps, tile.policy)
             if split is None:
@@ -97,7 +103,7 @@ def spill_reason(schedule: Schedule, words: dict[str, int], tiles: dict[str, fro
         if need > budget:
             return f"spill: role {role.name}'s accumulators take {need} registers per thread, more than its {budget}"
         for tile in sorted(tiles.get(role.name, ())):
-            split = wgmma_partition(tile.rows, tile.cols, role.warps, tile.policy) if tile.rows >= WGMMA_MIN_ROWS and role.warps % WARPS_PER_GROUP == 0 else None
+            split = wgmma_partition(tile.rows, tile.cols, role.warps, tile.policy) if is_wgmma(tile, role.warps) else None
             cols = min(WGMMA_MAX_COLS, tile.cols // split[1]) if split else 0
             if cols and cols * tile.bits // 64 + WGMMA_OVERHEAD > start:
                 return (f"registers: role {role.name}'s m64n{cols} MMA needs about {cols * tile.bits // 64 + WGMMA_OVERHEAD} registers per thread, "
