@@ -1,7 +1,7 @@
 """tilelang's own lowerings and ws-tune's schedules of the same structure, side by side
 (run it on the GPU machine): for each ``FILE@SHAPE@PARAMS`` (one kernel-parameter
 point), the default and role_based lowerings, the seed schedule and the lowering start
-(``ScheduleSpace.lowering_candidate``) in each pipeline layout, timed by the independent timer
+(``ScheduleSpace.lowering_candidate``) in each pipeline layout and packing, timed by the independent timer
 (harness.py: do_bench and a back-to-back loop after a pre-heat, interleaved rounds).
 What a gap between a lowering and its twin comes from is read off the generated code.
 
@@ -12,6 +12,7 @@ What a gap between a lowering and its twin comes from is read off the generated 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -34,10 +35,10 @@ def entries(file: str, shape: str, pins: str) -> list[harness.Entry]:
     seed = space.seed_candidate(params)
     if isinstance(seed, Candidate):
         found["seed"] = seed
-        for layout in (SEPARATE, MERGED):
-            start = space.lowering_candidate(params, layout)
+        for layout, packing in itertools.product((SEPARATE, MERGED), space.shape(params).lowering_packings()):
+            start = space.lowering_candidate(params, layout, packing)
             if start is not None and start.hash not in {c.hash for c in found.values()}:
-                found[f"start_{layout}"] = start
+                found[f"start_{layout}" + ("" if packing == "warpgroup" else f"_{packing}")] = start
     label = f"{spec.name} {' '.join(f'{k}={v}' for k, v in params)}"
     return [harness.Entry(f"{label} | {kind}", None, RunInput(str(spec.path), spec.source_hash, task.problem, cand), spec.flops(task.problem))
             for kind, cand in found.items()]  # fmt: skip

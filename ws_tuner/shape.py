@@ -241,17 +241,27 @@ class SeedShape:
         first; the default's own structure too where it differs."""
         return (MERGED, SEPARATE) if self.analysis.readers_differ() else (MERGED,)
 
-    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED) -> list[Point]:
+    def lowering_packings(self) -> tuple[str, ...]:
+        """How the lowering starts place the light roles (producers, a Store role): a
+        warpgroup each, as the default's producer; and, where there are several, a warp
+        each in one warpgroup, the default's thread count (a warpgroup each for a
+        producer and a Store role is 512 threads, whose launch registers cannot hold a
+        wide MMA, and one warpgroup more to schedule)."""
+        light = [r for r in self.seed.roles if r.name not in self.analysis.heavy]
+        return ("warpgroup", "warp") if len(light) > 1 else ("warpgroup",)
+
+    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup") -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
-        warpgroup, the buffers in the ``pipelines`` layout at the seed's depth (each
+        warpgroup (``packing``: see ``lowering_packings``), the buffers in the ``pipelines``
+        layout at the seed's depth (each
         pipeline released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
         largest that the register rules allow is the lowering's), then no budgets at all.
         A search seeded only by role_based's guess may not come near it (5x slower seeds
         seen where role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
-        label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), "warpgroup", True).label)
+        label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
         if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy):
             return []

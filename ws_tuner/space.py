@@ -281,20 +281,22 @@ class ScheduleSpace:
 
     def lowering_candidates(self, params: ParamsKey) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel
-        parameters, in each of ``SeedShape.lowering_layouts``, each schedule once."""
+        parameters, in each of ``SeedShape.lowering_layouts`` and
+        ``SeedShape.lowering_packings``, each schedule once."""
         shape = self.shape(params)
         found: dict[str, Candidate] = {}
-        for layout in [] if isinstance(shape, str) else shape.lowering_layouts():
-            cand = self.lowering_candidate(params, layout)
+        ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings())
+        for layout, packing in ways:
+            cand = self.lowering_candidate(params, layout, packing)
             if cand is not None:
                 found.setdefault(cand.hash, cand)
         return list(found.values())
 
-    def lowering_candidate(self, params: ParamsKey, layout: str) -> Candidate | None:
-        """That structure in one pipeline layout (``SeedShape.lowering_points``): the first
-        of its points that no rule prunes, or None."""
+    def lowering_candidate(self, params: ParamsKey, layout: str, packing: str = "warpgroup") -> Candidate | None:
+        """That structure in one pipeline layout and packing (``SeedShape.lowering_points``):
+        the first of its points that no rule prunes, or None."""
         shape = self.shape(params)
-        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout)
+        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout, packing)
         return next((c for c in map(self.candidate, points) if isinstance(c, Candidate)), None)
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
