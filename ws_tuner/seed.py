@@ -105,8 +105,8 @@ class Seed:
             accesses = [self.access(op) for op in self._ops_of(role)]
             mmas = [m for a in accesses for m in a.mmas]
             flows = [(a.reads, a.writes) for a in accesses if not a.mmas]
-            chained = {m for m in mmas if m.operand and any(m.operand in _reach(src.accumulator, flows) for src in mmas)}
-            chained |= {src for src in mmas if any(m.operand in _reach(src.accumulator, flows) for m in mmas if m.operand)}
+            reached = {src: _reach(src.accumulator, flows) for src in mmas}
+            chained = {x for src in mmas for m in mmas if m.operand in reached[src] for x in (src, m)}
             out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained, m.bits) for m in mmas)
         return out
 

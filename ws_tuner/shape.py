@@ -253,9 +253,9 @@ class SeedShape:
     def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup") -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
-        warpgroup (``packing``: see ``lowering_packings``), the buffers in the ``pipelines``
-        layout at the seed's depth (each
-        pipeline released after the last op that reads it), the seed's stages, producers
+        warpgroup (or the light roles packed as ``packing`` says: ``lowering_packings``),
+        the buffers in the ``pipelines`` layout at the seed's depth (each pipeline
+        released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
         largest that the register rules allow is the lowering's), then no budgets at all.
         A search seeded only by role_based's guess may not come near it (5x slower seeds

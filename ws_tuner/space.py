@@ -20,8 +20,9 @@ Static rules prune a point before anything is built and say why: the
 kernel's ``check``, shared memory, the seed's dependences and deadlock
 freedom (see seed.py), threads per block, and (rules.py) whether each
 role's warps can split its MMA accumulators, setmaxnreg alignment, the
-64K-register pool, and whether its accumulators fit its registers. Pruning is hierarchical, and counting multiplies instead
-of enumerating the register budgets, so a space of 10^6 points counts in
+64K-register pool, and whether its accumulators and MMA instructions fit
+its registers. Pruning is hierarchical, and counting multiplies instead of
+enumerating the register budgets, so a space of 10^6 points counts in
 seconds.
 
 This module is pure Python: what it needs from the compiler (the seed,
