@@ -425,10 +425,13 @@ class ScheduleSpace:
     def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
         depth_of = plan.depth_of(depths)
         depth = {b: depth_of[p.name] for p in plan.pipelines for b in p.buffers}
+        # Every buffer counts: MaterializeWSSchedule marks no warp-specialization scope, so
+        # tilelang's MergeSharedMemoryAllocations reuses none of it (its default lowering
+        # does: H200 run 25, MLA decoding's output tile in Q's space).
         total = sum(size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items())
         total += BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
-            return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block"
+            return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block (no buffer shares space in a warp-specialized kernel)"
         return None
 
     def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:

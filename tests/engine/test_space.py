@@ -241,6 +241,17 @@ def test_accumulators_must_fit_the_roles_registers(data_dir):
     assert "spill" in task.space().count().pruned
 
 
+def test_shared_memory_counts_every_buffer(data_dir):
+    """MLA's seed at two stages: Q 64 KB, Q_pe 8, the latent tile and its rotary part 2 x
+    72, S 8 and the output 64 KB: 288 KB and barriers, as its kernel asks for (296,960
+    bytes: it failed to launch on the H200, run 25), where tilelang's default lowering
+    puts the output in Q's space."""
+    space = task_of(data_dir / "mla_decode.py", "batch=2,seqlen_kv=1024").space()
+    params = (("block_N", 64), ("num_stages", 2), ("out", "own"), ("threads", 256))
+    reason = space.candidate(space.shape(params).seed_point(params))
+    assert reason == "smem: 288 KB > 227 KB per block (no buffer shares space in a warp-specialized kernel)"
+
+
 def test_a_chained_split_is_what_tilelang_refuses(data_dir):
     """The premise of the chained rule, through tilelang's own lowering: the
     decode kernel's Worker widened to two warpgroups fails layout inference, and
