@@ -168,9 +168,10 @@ def launchers(path: Path, problem: dict[str, Any] | str, points: dict[str, tuple
     from ws_tuner.kernel import load_kernel
 
     spec = load_kernel(path)
+    problem = spec.parse_problem(problem)
     out: dict[str, Callable[[list[Any]], Any]] = {}
     for label, (point, lowering) in points.items():
-        task = Task.make(spec, spec.parse_problem(problem), spec.parse_params(point))
+        task = Task.make(spec, problem, spec.parse_params(point))
         params = next(iter(task.space().param_points()))
         candidate = task.space().seed_candidate(params) if lowering == "ws" else Candidate.make(dict(params), lowering=Lowering(lowering))
         if isinstance(candidate, str):
@@ -179,7 +180,6 @@ def launchers(path: Path, problem: dict[str, Any] | str, points: dict[str, tuple
             out[label] = gpu.launcher(RunInput(str(spec.path), spec.source_hash, task.problem, candidate))[1]
         except Exception as exc:  # noqa: BLE001 - a baseline that does not build is reported, not fatal
             print(f"{label}: {str(exc).splitlines()[0][:200]}", flush=True)
-    problem = spec.parse_problem(problem)
     return out | ({name: spec.vendor(problem, name) for name in spec.vendor_names(problem)} if vendors else {})
 
 

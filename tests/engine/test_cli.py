@@ -112,7 +112,7 @@ def test_failure_lines_give_each_status_its_most_common_message():
     from ws_tuner.cli.common import failure_lines
 
     failed = [("wrong", "max rel err 0.5", "a"), ("compile_error", "nvcc: out of memory", "b"), ("wrong", "max rel err 0.5", "c"),
-              ("wrong", "nan in output", "d"), ("crash", "", "e")]  # fmt: skip
+              ("wrong", "nan in output", "d"), ("crash", "", "e"), ("ok", "confirmed", "f"), (None, "pending", "g")]  # fmt: skip
     assert failure_lines(failed) == ["compile_error: 1 x nvcc: out of memory (e.g. b)", "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)"]
 
 

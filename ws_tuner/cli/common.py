@@ -119,14 +119,18 @@ def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = 
     return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param), config)
 
 
-def failure_lines(failures: list[tuple[str, str, str]]) -> list[str]:
-    """Why candidates failed, from (status, message, candidate) of each failed trial:
-    for each status its most common message, how many got it and one of them (a table
-    of outcomes only counts them)."""
+PASSED = (None, "ok", "built")  # statuses that are no failure (None: not measured yet)
+
+
+def failure_lines(trials: list[tuple[str | None, str, str]]) -> list[str]:
+    """Why candidates failed, from (status, message, candidate) of each trial (those
+    that passed, or have no outcome yet, are skipped): for each failing status its
+    most common message, how many got it and one of them (a table of outcomes only
+    counts them)."""
     seen: dict[str, Counter] = {}
     example: dict[tuple[str, str], str] = {}
-    for status, message, candidate in failures:
-        if message:
+    for status, message, candidate in trials:
+        if status not in PASSED and message:
             seen.setdefault(status, Counter())[message] += 1
             example.setdefault((status, message), candidate)
     lines = []

@@ -118,9 +118,9 @@ def jobs_show(
         table.add_row("-" if t["slot"] is None else str(t["slot"]), t["kind"], t["state"], t["status"] or "-", t.get("lowering") or "-",
                       f"{t['tflops']:.0f}" if t["tflops"] else "-", f"{t['median_ms']:.4f}" if t["median_ms"] else "-", params)  # fmt: skip
     out.print(table)
-    failed = [(t["status"], t["message"], f"[{t.get('lowering')}] " + ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()))
-              for t in page["data"] if t["status"] not in (None, "ok", "built")]  # fmt: skip
-    for line in failure_lines(failed):  # why the listed trials failed: the table has no room for it
+    trials = [(t["status"], t["message"], f"[{t.get('lowering')}] " + ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()))
+              for t in page["data"]]  # fmt: skip
+    for line in failure_lines(trials):  # why the listed trials failed: the table has no room for it
         out.print(line)
 
 

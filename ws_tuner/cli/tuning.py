@@ -99,7 +99,6 @@ def tune(
 
 def _print_report(report: Any, task: Any) -> None:
     from ..candidate import Lowering
-    from ..result import Status
 
     counts = report.counts()
     table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
@@ -115,9 +114,7 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{report.shared} sharing another's generated code)")  # fmt: skip
     out.print(table)
-    failed = [(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records
-              if r.result.status not in (Status.OK, Status.BUILT)]  # fmt: skip
-    for line in failure_lines(failed):
+    for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records]):
         out.print(line)
     if report.out_of_time:  # a budget shorter than preparing the points leaves the baselines only: say so
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
