@@ -336,16 +336,57 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         return func, seed
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
-            mod = tilelang.transform.InjectAssumes()(_prologue(func))
+            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(func)))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
-    prepared = mod["main"]
+    prepared = _restore_atomics(mod["main"])
     seed = own_schedule(prepared)
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     return prepared, seed
+
+
+# role_based skips any kernel with an atomic op ("cannot schedule atomic op"), yet
+# MaterializeWSSchedule lowers an atomic statement in a role as it lowers any other (a
+# split-K GEMM's or FlashAttention backward's atomics stay with the MMA's role). So the
+# scheduler sees each atomic statement as a stand-in with the same operands: a tile op as
+# a copy of the same regions, an element op as an opaque call; the seed's kernel gets
+# its atomics back at the op ids the stand-ins were given. Atomics whose value is used
+# (``return_prev``) are expressions, not statements: role_based still says why it skips.
+_STAND_IN = "ws_tune_atomic"
+_TILE_COPY = "tl.tileop.copy"
+
+
+def _stand_in_atomics(func: Any) -> Any:
+    def stand_in(stmt: Any) -> Any:
+        call = stmt.value
+        if not (isinstance(call, tvm.tirx.Call) and "atomic" in getattr(call.op, "name", "")):
+            return None
+        if call.op.name.startswith("tl.tileop."):
+            marked = {**dict(call.annotations), _STAND_IN: call.op.name}
+            return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, tvm.ir.Op.get(_TILE_COPY), call.args, annotations=marked))
+        return tvm.tirx.Evaluate(tvm.tirx.call_extern(call.dtype, f"{_STAND_IN}:{call.op.name}", *call.args))
+
+    return func.with_body(stmt_functor.ir_transform(func.body, stand_in, None, ["tirx.Evaluate"]))
+
+
+def _restore_atomics(func: Any) -> Any:
+    def restore(stmt: Any) -> Any:
+        call = stmt.value
+        if not isinstance(call, tvm.tirx.Call):
+            return None
+        marks = dict(getattr(call, "annotations", None) or {})
+        if _STAND_IN in marks:  # a tile op: its regions as the passes left them, its op id kept
+            name, args = str(marks.pop(_STAND_IN)), call.args
+        elif getattr(call.op, "name", "") == "tirx.call_extern" and str(call.args[0].value).startswith(_STAND_IN + ":"):
+            name, args = str(call.args[0].value).split(":", 1)[1], call.args[1:]
+        else:
+            return None
+        return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, tvm.ir.Op.get(name), args, annotations=marks))
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, restore, ["tirx.Evaluate"]))
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

@@ -1,7 +1,7 @@
 """splitk_gemm: C (fp32) = A @ B, K split over split_k blocks that add their partial
 products into C with atomics, as tilelang's examples/gemm_splitk does: C must start at
-zero (RESET_TO_ZERO). tilelang's role_based scheduler does not take atomics, so there
-is no seed schedule to vary: ws-tune measures tilelang's own lowerings and cuBLAS.
+zero (RESET_TO_ZERO). tilelang's role_based scheduler skips kernels with atomics; ws-tune
+seeds it through stand-ins (compiler.prepare), the atomics in the MMA's role.
 
     ws-tune tests/data/splitk_gemm.py --shape M=4096,N=4096,K=8192 --budget 8
 """

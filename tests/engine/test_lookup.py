@@ -11,11 +11,22 @@ SPLITK = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3, "split
 
 @pytest.mark.slow
 def test_compile_best_of_a_kernel_without_a_seed_is_tilelangs_default_lowering(tmp_path, data_dir):
-    """Split-K with atomics has no seed (role_based refuses atomics): with nothing stored,
-    compile_best gives tilelang's default lowering at the parameters, not an error."""
+    """Two-pass RMSNorm has no seed (role_based refuses its reused buffer): with nothing
+    stored, compile_best gives tilelang's default lowering at the parameters, not an error."""
+    params = {"blk_m": 1, "blk_k": 512, "num_stages": 1, "threads": 128}
+    kernel = lookup.compile_best(data_dir / "rmsnorm.py", "M=8192,N=8192", params=params, db=f"sqlite:///{tmp_path / 'r.db'}")
+    source = kernel.get_kernel_source()
+    assert "rmsnorm_kernel" in source and "warpgroup_reg_alloc" in source  # the default lowering specializes warps
+
+
+@pytest.mark.slow
+def test_compile_best_of_a_kernel_with_atomics_is_its_seed(tmp_path, data_dir):
+    """Split-K with atomics: role_based skips atomics, ws-tune seeds it through a stand-in
+    (compiler.prepare), so with nothing stored compile_best gives the seed schedule, its
+    atomics in the MMA's role."""
     kernel = lookup.compile_best(data_dir / "splitk_gemm.py", "M=4096,N=4096,K=8192", params=SPLITK, db=f"sqlite:///{tmp_path / 'r.db'}")
     source = kernel.get_kernel_source()
-    assert "atomic" in source.lower() and "warpgroup_reg_alloc" in source  # the default lowering specializes warps
+    assert "AtomicAdd" in source and "warpgroup_reg_alloc" in source
 
 
 def test_compile_best_refuses_parameters_the_kernel_does_not_serve(tmp_path, data_dir):

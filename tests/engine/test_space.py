@@ -790,3 +790,37 @@ def test_the_lowering_start_takes_the_largest_budget_the_rules_allow():
     start = space.lowering_candidates(point(64))[0]
     assert start.schedule.num_warps == 8 and all(r.max_nreg == 0 for r in start.schedule.roles)  # no setmaxnreg at all
     verify(task, start)
+
+
+@pytest.mark.parametrize("form", ["element", "tile"])
+def test_a_kernel_with_atomics_is_seeded_with_its_atomics_in_place(data_dir, tmp_path, form):
+    """role_based skips any kernel with an atomic op; ws-tune gives it each atomic as a
+    stand-in with the same operands and puts the atomics back at the op ids they were
+    given. Split-K's atomic add, per element in a T.Parallel loop or as one tile op, stays
+    with the MMA's role, and the seed and the space's candidates verify."""
+    source = (data_dir / "splitk_gemm.py").read_text()
+    if form == "tile":
+        per_element = """            for i, j in T.Parallel(block_M, block_N):
+                T.atomic_add(C[by * block_M + i, bx * block_N + j], acc[i, j])"""
+        assert per_element in source
+        source = source.replace(per_element, "            T.atomic_add(C[by * block_M : (by + 1) * block_M, bx * block_N : (bx + 1) * block_N], acc)")
+    path = tmp_path / f"splitk_{form}.py"
+    path.write_text(source)
+    task = task_of(path, "M=1024,N=1024,K=1024")
+    params = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 3, "split_k": 2}
+    func = task.primfunc(params)
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    assert any(reason.startswith("cannot schedule atomic op") for reason in skipped)  # the premise: role_based alone skips it
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert ("T.atomic_add_elem_op(" if form == "element" else "T.atomicadd(") in text and "ws_tune_atomic" not in text
+    atomic = next(op for op, access in compiler.op_accesses(prepared).items() if access.reads == {"acc"} and not access.writes)
+    worker = next(role for role in seed.roles for scope in seed.scopes if atomic in scope.body(role.name))
+    assert worker.warp_hi - worker.warp_lo >= 4  # a warpgroup's role: the MMA's, which holds acc
+    compiler.verify(compiler.attach(prepared, seed))
+    kept = list(itertools.islice(task.space().candidates(), 5))
+    assert len(kept) == 5
+    for cand in kept:
+        verify(task, cand)

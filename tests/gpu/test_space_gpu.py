@@ -56,6 +56,11 @@ CASES = {
     # The latent tile read by both MMAs; 64x512 output accumulator (the spill and wgmma-register rules).
     # One stage: at two the seed needs 290 KB of shared memory (no reuse across roles) and fails to launch.
     "mla_decode": (DATA / "mla_decode.py", "batch=16,seqlen_kv=2048", {"out": ("own",), "num_stages": (1,)}),
+    # Stop 30: kernels with atomics, seeded through stand-ins (role_based skips atomics): split-K
+    # (RESET_TO_ZERO) and FlashAttention's backward (dQ by atomics, five MMAs, three outputs).
+    "splitk_gemm": (DATA / "splitk_gemm.py", "M=2048,N=2048,K=4096", {}),
+    "flash_bwd": (DATA / "flash_bwd.py", "batch=2,heads=8,seq_len=1024", {}),
+    "flash_bwd-causal-d128": (DATA / "flash_bwd.py", "batch=2,heads=8,seq_len=1024,dim=128,causal=1", {}),
 }
 
 
