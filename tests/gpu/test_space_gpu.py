@@ -61,6 +61,8 @@ CASES = {
     "splitk_gemm": (DATA / "splitk_gemm.py", "M=2048,N=2048,K=4096", {}),
     "flash_bwd": (DATA / "flash_bwd.py", "batch=2,heads=8,seq_len=1024", {}),
     "flash_bwd-causal-d128": (DATA / "flash_bwd.py", "batch=2,heads=8,seq_len=1024,dim=128,causal=1", {}),
+    # A state carried across the loop in a fragment; O added from shared memory by a tile atomic (a Store role's).
+    "linear_attn": (DATA / "linear_attn.py", "B=2,S=2048,H=8", {}),
 }
 
 
