@@ -63,6 +63,8 @@ CASES = {
     "flash_bwd-causal-d128": (DATA / "flash_bwd.py", "batch=2,heads=8,seq_len=1024,dim=128,causal=1", {}),
     # A state carried across the loop in a fragment; O added from shared memory by a tile atomic (a Store role's).
     "linear_attn": (DATA / "linear_attn.py", "B=2,S=2048,H=8", {}),
+    # x transposed and scaled in registers into the MMA's register operand; a hand-annotated swizzle.
+    "chunk_state": (DATA / "chunk_state.py", "batch=2,seqlen=2048", {}),
 }
 
 
