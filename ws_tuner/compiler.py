@@ -355,8 +355,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
 # a copy of the same regions, an element op as an opaque call; the seed's kernel gets
 # its atomics back at the op ids the stand-ins were given. Atomics whose value is used
 # (``return_prev``) are expressions, not statements: role_based still says why it skips.
-_STAND_IN = "ws_tune_atomic"
-_TILE_COPY = "tl.tileop.copy"
+_STAND_IN = "ws_tune_atomic"  # the annotation that marks a stand-in with the atomic's op name
 
 
 def _stand_in_atomics(func: Any) -> Any:
@@ -364,10 +363,12 @@ def _stand_in_atomics(func: Any) -> Any:
         call = stmt.value
         if not (isinstance(call, tvm.tirx.Call) and "atomic" in getattr(call.op, "name", "")):
             return None
+        marks = {**dict(call.annotations), _STAND_IN: call.op.name}
         if call.op.name.startswith("tl.tileop."):
-            marked = {**dict(call.annotations), _STAND_IN: call.op.name}
-            return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, tvm.ir.Op.get(_TILE_COPY), call.args, annotations=marked))
-        return tvm.tirx.Evaluate(tvm.tirx.call_extern(call.dtype, f"{_STAND_IN}:{call.op.name}", *call.args))
+            op, args = tvm.ir.Op.get("tl.tileop.copy"), call.args
+        else:
+            op, args = tvm.ir.Op.get("tirx.call_extern"), [tvm.tirx.StringImm(_STAND_IN), *call.args]
+        return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, op, args, annotations=marks))
 
     return func.with_body(stmt_functor.ir_transform(func.body, stand_in, None, ["tirx.Evaluate"]))
 
@@ -375,16 +376,13 @@ def _stand_in_atomics(func: Any) -> Any:
 def _restore_atomics(func: Any) -> Any:
     def restore(stmt: Any) -> Any:
         call = stmt.value
-        if not isinstance(call, tvm.tirx.Call):
-            return None
         marks = dict(getattr(call, "annotations", None) or {})
-        if _STAND_IN in marks:  # a tile op: its regions as the passes left them, its op id kept
-            name, args = str(marks.pop(_STAND_IN)), call.args
-        elif getattr(call.op, "name", "") == "tirx.call_extern" and str(call.args[0].value).startswith(_STAND_IN + ":"):
-            name, args = str(call.args[0].value).split(":", 1)[1], call.args[1:]
-        else:
+        if _STAND_IN not in marks:
             return None
-        return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, tvm.ir.Op.get(name), args, annotations=marks))
+        atomic = tvm.ir.Op.get(str(marks.pop(_STAND_IN)))
+        # the operands as the passes left them (their variables may be renamed); the op id kept
+        args = call.args[1:] if call.op.name == "tirx.call_extern" else call.args
+        return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, atomic, args, annotations=marks))
 
     return func.with_body(stmt_functor.ir_transform(func.body, None, restore, ["tirx.Evaluate"]))
 
