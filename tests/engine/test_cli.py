@@ -108,7 +108,7 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
 def test_a_tuning_says_why_its_candidates_failed(tmp_path, data_dir):
     """RMSNorm at two stages: tilelang 0.1.15's layout inference refuses every lowering.
     The outcome table only counts them; the lines under it give the message."""
-    tuned = ws_tune(str(data_dir / "rmsnorm.py"), "--shape", "M=1024,N=1024", "--param", "blk_m=1,blk_k=512,num_stages=1,threads=256",
+    tuned = ws_tune(str(data_dir / "rmsnorm.py"), "--shape", "M=1024,N=1024", "--param", "blk_m=1,blk_k=512,num_stages=2,threads=256",
                     "--budget", "2", "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only", env={"COLUMNS": "400"})  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr
     assert re.search(r"^compile_error: 2 x Check failed: .*InputShape\(\).* \(e\.g\. \[default\] blk_k=512", tuned.stdout, re.M), tuned.stdout
