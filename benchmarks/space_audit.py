@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBLEMS = {
     "attention.py": {"B": 4, "H": 16, "S": 4096, "D": 128, "causal": 0, "dtype": "float16"},
     "gemm.py": {"M": 4096, "N": 4096, "K": 4096},
+    # 64 query heads per KV head: 64-row MMAs a warpgroup can take (at 16, only one warp can: mma_reason)
+    "nsa_fwd.py": {"heads": 256, "groups": 64},
 }
 
 

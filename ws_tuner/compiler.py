@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import tilelang
@@ -222,21 +222,47 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
     allocated = {b.data: str(b.name) for b in block.alloc_buffers}
     bound: dict[Any, str] = {}
     stmt_functor.post_order_visit(block.body, lambda n: bound.setdefault(n.var, "$" + str(n.var.name)) if isinstance(n, tvm.tirx.Bind) else None)
+    # An op inside an ``if`` runs under its condition: the schedule places the guard with
+    # the op, so the op reads what the condition reads (a scalar that an op of the loop
+    # binds, ``i_s = BlockIndices[...]``, must then sit at the op's stage).
+    guards: dict[str, set[str]] = {}
+
+    def guard(node: Any) -> None:
+        if isinstance(node, tvm.tirx.IfThenElse):
+            reads = _access(tvm.tirx.Evaluate(node.condition), allocated, bound).reads
+            for op_id in _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set()):
+                guards.setdefault(op_id, set()).update(reads)
+
+    stmt_functor.post_order_visit(block.body, guard)
     out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
-        op_id = None
-        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "tl.ws_op_id":
-            op_id, body = _text(node.value), node.body
-        elif isinstance(node, (tvm.tirx.Evaluate, tvm.tirx.For)):
-            ann = node.value.annotations if isinstance(node, tvm.tirx.Evaluate) and hasattr(node.value, "annotations") else getattr(node, "annotations", {})
-            if ann and "tl.ws_op_id" in ann:
-                op_id, body = _text(ann["tl.ws_op_id"]), node
-        if op_id is not None:
-            out[op_id] = _access(body, allocated, bound)
+        found = _op_of(node)
+        if found is not None:
+            op_id, body = found
+            acc = _access(body, allocated, bound)
+            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()))
 
     stmt_functor.post_order_visit(block.body, visit)
     return out
+
+
+def _op_of(node: Any) -> tuple[str, Any] | None:
+    """(op id, its statement) where ``node`` carries an op id: an attribute, or a tile op's
+    or loop's annotation."""
+    if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "tl.ws_op_id":
+        return _text(node.value), node.body
+    if isinstance(node, (tvm.tirx.Evaluate, tvm.tirx.For)):
+        ann = node.value.annotations if isinstance(node, tvm.tirx.Evaluate) and hasattr(node.value, "annotations") else getattr(node, "annotations", {})
+        if ann and "tl.ws_op_id" in ann:
+            return _text(ann["tl.ws_op_id"]), node
+    return None
+
+
+def _op_ids(stmt: Any) -> set[str]:
+    ids: set[str] = set()
+    stmt_functor.post_order_visit(stmt, lambda n: ids.add(found[0]) if (found := _op_of(n)) else None)
+    return ids
 
 
 def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAccess:

@@ -7,8 +7,8 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
   warpgroups of max_nreg x 128 threads; a warpgroup without a budget keeps
   the launch's share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
-  write, as a warpgroup MMA must, and split rows only where one MMA's
-  accumulator feeds another's register operand;
+  write, as tilelang's warp partition must, and split rows only where one
+  MMA's accumulator feeds another's register operand;
 - ``spill_reason``: each role's accumulators fit its registers per thread,
   and each warpgroup MMA instruction fits what the launch gives a thread.
 """
@@ -46,12 +46,13 @@ class MmaTile:
     bits: int = 32  # per accumulator element
 
 
-def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> tuple[int, int] | None:
-    """(m, n) warps over rows and columns, as tilelang 0.1.15's
-    ComputeWgmmaWarpPartition picks them: m a multiple of 4, each warp owning a
-    multiple of 16 rows and 8 columns; full row takes the largest m, full column
-    the largest n, square the ratio nearest the tile's; None where none fits."""
-    valid = [(m, warps // m) for m in range(WARPS_PER_GROUP, warps + 1, WARPS_PER_GROUP)
+def warp_partition(rows: int, cols: int, warps: int, policy: int = SQUARE, group: int = 1) -> tuple[int, int] | None:
+    """(m, n) warps over rows and columns, as tilelang 0.1.15 picks them: each warp
+    owning a multiple of 16 rows and 8 columns, m a multiple of ``group`` (4 for a
+    warpgroup MMA: ComputeWgmmaWarpPartition; 1 for the others:
+    ComputeDefaultWarpPartition); full row takes the largest m, full column the largest
+    n, square the ratio nearest the tile's; None where none fits."""
+    valid = [(m, warps // m) for m in range(group, warps + 1, group)
              if warps % m == 0 and rows % (16 * m) == 0 and cols % (8 * (warps // m)) == 0]  # fmt: skip
     if not valid:
         return None
@@ -62,6 +63,10 @@ def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> t
     return min(valid, key=lambda mn: abs(rows / (mn[0] * 16) / (cols / (mn[1] * 8)) - rows / cols))
 
 
+def wgmma_partition(rows: int, cols: int, warps: int, policy: int = SQUARE) -> tuple[int, int] | None:
+    return warp_partition(rows, cols, warps, policy, WARPS_PER_GROUP)
+
+
 def is_wgmma(tile: MmaTile, warps: int) -> bool:
     """Whether tilelang lowers this MMA of a role of ``warps`` to warpgroup MMAs
     (under 64 rows, or with partial warpgroups, it uses other MMAs)."""
@@ -69,23 +74,23 @@ def is_wgmma(tile: MmaTile, warps: int) -> bool:
 
 
 def mma_reason(roles: Sequence[Role], tiles: dict[str, frozenset[MmaTile]]) -> str | None:
-    """Whether each role's warps can split the accumulators its MMAs write, as a
-    warpgroup MMA must (``wgmma_partition``), and, for chained MMAs, split rows
-    only: a warpgroup MMA reads its register operand's whole rows, so an
-    accumulator whose columns are spread over warpgroups cannot feed it (and
-    tilelang's layout inference reports a conflict). Where tilelang would not
-    use a warpgroup MMA (under 64 rows, partial warpgroups) the rule says nothing."""
+    """Whether each role's warps can split the accumulators its MMAs write
+    (``warp_partition``), and, for chained MMAs, split rows only: an MMA reads its
+    register operand's whole rows in each warp, so an accumulator whose columns are
+    spread over warps cannot feed it (tilelang's layout inference reports a conflict;
+    a 16-row MMA on more than one warp, as in sparse attention, has it too)."""
     for role in roles:
         warps = role.warps
         for tile in sorted(tiles.get(role.name, ())):
-            if not is_wgmma(tile, warps):
-                continue
-            split = wgmma_partition(tile.rows, tile.cols, warps, tile.policy)
+            wgmma = is_wgmma(tile, warps)
+            split = warp_partition(tile.rows, tile.cols, warps, tile.policy, WARPS_PER_GROUP if wgmma else 1)
             if split is None:
-                return f"mma: role {role.name}'s {warps} warps cannot split its {tile.rows}x{tile.cols} accumulator (warpgroup MMA: 16 rows x 8 columns per warp)"
+                kind = "warpgroup MMA" if wgmma else "MMA"
+                return f"mma: role {role.name}'s {warps} warps cannot split its {tile.rows}x{tile.cols} accumulator ({kind}: 16 rows x 8 columns per warp)"
             if tile.chained and split[1] > 1:
+                across = "warpgroups" if wgmma else "warps"
                 return (f"mma: role {role.name}'s {warps} warps would split its {tile.rows}x{tile.cols} accumulator {split[0]}x{split[1]}, "
-                        "columns across warpgroups, but it is chained to an MMA's register operand (rows only)")  # fmt: skip
+                        f"columns across {across}, but it is chained to an MMA's register operand (rows only)")  # fmt: skip
     return None
 
 

@@ -183,7 +183,9 @@ def test_mma_rule_on_hand_written_roles():
     assert mma_reason([Role("c", 0, 8)], tiles) is None  # 4 x 2 warps of 32 x 64
     assert "12 warps cannot split its 128x128" in mma_reason([Role("c", 0, 12)], tiles)  # 4 x 3: 128 / 24 columns; 12 x 1: 128 / 192 rows
     assert mma_reason([Role("c", 0, 12)], {"c": frozenset({MmaTile(192, 256)})}) is None  # 12 x 1 warps of 16 x 256
-    assert mma_reason([Role("c", 0, 12)], {"c": frozenset({MmaTile(32, 128)})}) is None  # under 64 rows: not a warpgroup MMA
+    # under 64 rows, not a warpgroup MMA: tilelang's default partition, a warp a multiple of 16 x 8
+    assert mma_reason([Role("c", 0, 8)], {"c": frozenset({MmaTile(32, 128)})}) is None  # 2 x 4 warps of 16 x 32
+    assert "12 warps cannot split its 32x128 accumulator (MMA: 16 rows" in mma_reason([Role("c", 0, 12)], {"c": frozenset({MmaTile(32, 128)})})
     assert mma_reason([Role("p", 0, 1)], tiles) is None  # a role without MMAs
 
 
@@ -205,6 +207,37 @@ def test_chained_mmas_split_rows_only():
     assert mma_reason([Role("c", 0, 4)], chained) is None  # one warpgroup: 4 x 1
     assert mma_reason([Role("c", 0, 8)], {"c": frozenset({MmaTile(128, 128, FULL_ROW, chained=True)})}) is None  # 8 x 1
     assert mma_reason([Role("c", 0, 8)], {"c": frozenset({MmaTile(64, 64, FULL_ROW)})}) is None  # not chained: 4 x 2 is fine
+    # Sparse attention's 16 query heads per block: not a warpgroup MMA, and past one warp its columns spread
+    sparse = {"c": frozenset({MmaTile(16, 64, FULL_ROW, chained=True), MmaTile(16, 128, FULL_ROW, chained=True)})}
+    assert "would split its 16x64 accumulator 1x4, columns across warps" in mma_reason([Role("c", 0, 4)], sparse)
+    assert mma_reason([Role("c", 0, 1)], sparse) is None
+
+
+def test_a_16_row_chain_on_several_warps_is_what_tilelang_refuses(data_dir):
+    """The premise of the rule below 64 rows: sparse attention's kernel (G=16 query heads
+    as the MMA's rows), lowered by tilelang's default, compiles on one warp (the
+    example's 32 threads) and fails layout inference on four."""
+    task = task_of(data_dir / "nsa_fwd.py", "batch=1,seq_len=1024")
+    compiler.compile_kernel(task.primfunc({"num_stages": 1, "threads": 32}))
+    with pytest.raises(compiler.CompilerError, match="Layout infer conflict between acc_s and acc_s_cast"):
+        compiler.compile_kernel(task.primfunc({"num_stages": 1, "threads": 128}))
+
+
+def test_an_op_under_an_if_reads_the_scalars_of_its_condition(data_dir):
+    """Sparse attention skips a selected block past the query: ``i_s = BlockIndices[...]``
+    bound in the loop, the rest under ``if i_s <= i_t``. MaterializeWSSchedule places
+    the guard with each op, so an op under it uses i_s and must sit at i_s's stage; the
+    space offered V's span a stage behind K's (26 of 63 sampled candidates rejected by
+    the verifier: "uses var 'i_s' defined by op 'i_s_0' at a different stage")."""
+    task = task_of(data_dir / "nsa_fwd.py", "batch=1,seq_len=1024,heads=256,groups=64")
+    prepared, _ = compiler.prepare(task.primfunc({"num_stages": 1, "threads": 128}))
+    accesses = compiler.op_accesses(prepared)
+    assert accesses["i_s_0"].writes == {"$i_s"}
+    assert "$i_s" in accesses["tl_tileop_gemm_1"].reads and "$i_s" in accesses["tl_tileop_copy_4"].reads  # P @ V and V's load
+    kept = list(itertools.islice(task.space().candidates(), 40))
+    assert len(kept) == 40
+    for cand in kept:
+        verify(task, cand)
 
 
 def test_chains_are_found_through_the_roles_fragments(data_dir):

@@ -65,6 +65,8 @@ CASES = {
     "linear_attn": (DATA / "linear_attn.py", "B=2,S=2048,H=8", {}),
     # x transposed and scaled in registers into the MMA's register operand; a hand-annotated swizzle.
     "chunk_state": (DATA / "chunk_state.py", "batch=2,seqlen=2048", {}),
+    # Block indices read in the loop, the body under an if on them (64 query heads per KV head: a warpgroup's rows).
+    "nsa_fwd": (DATA / "nsa_fwd.py", "batch=1,seq_len=2048,heads=256,groups=64", {"threads": (128,)}),
 }
 
 
