@@ -189,7 +189,7 @@ def _consumer_roles(params):
 def check(problem, params, schedule):
     """Refuses tiles that do not divide the problem or fit the SM, and schedules
     that break the kernel's data flow (which the verifier does not track)."""
-    S, D = problem["S"], problem["D"]
+    D = problem["D"]
     bm, bn = params["block_M"], params["block_N"]
     pingpong = params["consumers"] == "pingpong"
     rows = bm // 2 if pingpong else bm  # rows of one consumer role
