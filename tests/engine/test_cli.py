@@ -123,6 +123,16 @@ def test_failure_lines_give_each_status_its_most_common_message():
     assert failure_lines(failed) == ["compile_error: 1 x nvcc: out of memory (e.g. b)", "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)"]
 
 
+def test_when_no_variant_survives_the_reason_is_the_seeded_points(tmp_path, data_dir):
+    """Sparse attention at 16 query heads per block: role_based seeds only the 128-thread
+    points, where the 16-row chained MMA cannot be split; the line says that, not why the
+    32- and 64-thread points (the most pruned) have no seed."""
+    tuned = ws_tune(str(data_dir / "nsa_fwd.py"), "--shape", "batch=1,seq_len=1024", "--param", "num_stages=1", "--budget", "2",
+                    "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only")  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert "no variant of the seed survives static pruning (e.g. mma: role Worker's 4 warps would split its 16x64 accumulator 1x4" in tuned.stderr
+
+
 def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
     proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
     assert proc.returncode == 0, proc.stderr
