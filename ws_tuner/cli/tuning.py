@@ -72,8 +72,8 @@ def tune(
         if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
             err.print(f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only")
         else:  # why the seeded points' variants went, not why the other points have no seed
-            kinds = [kind for kind, _ in count.pruned.most_common() if kind != "seed"]
-            err.print(f"no variant of the seed survives static pruning (e.g. {count.examples[kinds[0]] if kinds else reason}): measuring the baselines only")
+            reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind != "seed"), reason)
+            err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     _print_limits(sp)
     store = open_store(db)
