@@ -44,6 +44,10 @@ PROBLEMS = {
     "gemm.py": {"M": 4096, "N": 4096, "K": 4096},
     # 64 query heads per KV head: 64-row MMAs a warpgroup can take (at 16, only one warp can: mma_reason)
     "nsa_fwd.py": {"heads": 256, "groups": 64},
+    # both phases of stream-K (a partial wave shared out by K-iterations, then a whole wave)
+    "streamk_gemm.py": {"M": 2048, "N": 2048, "K": 2048},
+    # a sliding window: the key loop starts where the block's window does
+    "sink_attn.py": {"window": 128},
 }
 
 

@@ -357,12 +357,13 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     (``tl_tileop_copy_0``, ``loop_0``, ...) and its schedule; the result compiles
     like a user-annotated kernel (MaterializeKernelLaunch is idempotent).
     """
+    func = _zero_based(func)
     seed = own_schedule(func)
     if seed is not None:
         return func, seed
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
-            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(func)))
+            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(_split_else(_split_reuse(func)))))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
@@ -372,6 +373,128 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     return prepared, seed
+
+
+# MaterializeWSSchedule moves a span by stages only in a loop from 0 ("stage offsets require
+# 0-based loops"); sliding-window attention's key loop starts at the block's window.
+# ``for k in range(lo, hi)`` is ``for k in range(hi - lo)`` with lo + k in its body (op ids
+# and annotations kept), so the space's stage offsets apply to every loop.
+def _zero_based(func: Any) -> Any:
+    def shift(loop: Any) -> Any:
+        if loop.kind != tvm.tirx.ForKind.SERIAL or (isinstance(loop.min, tvm.tirx.IntImm) and loop.min.value == 0):
+            return None
+        var = tvm.tirx.Var(loop.loop_var.name, loop.loop_var.dtype)
+        body = stmt_functor.substitute(loop.body, {loop.loop_var: var + loop.min})
+        zero = tvm.tirx.IntImm(loop.loop_var.dtype, 0)
+        return tvm.tirx.For(var, zero, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations, loop.step)
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, shift, ["tirx.For"]))
+
+
+# role_based gives each shared buffer one owner per stretch of a loop body, handed between
+# two roles; a buffer the kernel reuses for unrelated values breaks that (RMSNorm's x tile,
+# loaded again by a second loop: "ownership moves inside the consumer's span"; a tile
+# written twice in one loop body: "the body ends in the producer's span"). A statement
+# that overwrites the whole buffer before reading it ends the value before it, so each
+# stretch of a sequence between two such statements gets a buffer of its own, as a
+# compiler's live-range splitting would (the last stretch keeps the buffer: what follows
+# the sequence, or the loop's next trip, may read it). The shared memory it costs is
+# priced by the space's rule. Buffers with an annotated layout keep their one buffer.
+def _split_reuse(func: Any) -> Any:
+    block = _annotated_block(func)
+    if block is None:
+        return func
+    laid_out = {k for k in dict(block.annotations).get("layout_map", {})}
+    datas = [b.data for b in block.alloc_buffers]
+    reused = [
+        b for b in block.alloc_buffers
+        if b.scope().startswith("shared") and "barrier" not in b.scope() and b.data not in laid_out and datas.count(b.data) == 1
+    ]  # fmt: skip
+    added: list[Any] = []
+
+    def split(seq: Any) -> Any:
+        stmts = list(seq.seq)
+        for buf in reused:
+            kills = [i for i, stmt in enumerate(stmts) if _first_access(stmt, buf) == "kill"]
+            for lo, hi in zip(kills, kills[1:]):
+                added.append(tvm.tirx.decl_buffer(buf.shape, buf.dtype, f"{buf.name}_v{len(added) + 1}", scope=buf.scope()))
+                stmts[lo:hi] = [_rebuffer(stmt, buf, added[-1]) for stmt in stmts[lo:hi]]
+        return tvm.tirx.SeqStmt(stmts) if len(added) else None
+
+    body = stmt_functor.ir_transform(func.body, None, split, ["tirx.SeqStmt"])
+    if not added:
+        return func
+
+    def allocate(stmt: Any) -> Any:
+        if stmt.name_hint != block.name_hint:
+            return None
+        return tvm.tirx.SBlock(
+            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, stmt.body,
+            stmt.init, [*stmt.alloc_buffers, *added], stmt.match_buffers, stmt.annotations,
+        )  # fmt: skip
+
+    return func.with_body(stmt_functor.ir_transform(body, None, allocate, ["tirx.SBlock"]))
+
+
+def _first_access(stmt: Any, buf: Any) -> str | None:
+    """How ``stmt`` first touches ``buf`` on every run of it: None (not at all), "kill" (a
+    tile op that writes all of it and reads none), or "use"."""
+    if buf.data not in _referenced_vars(stmt):
+        return None
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return next(a for s in stmt.seq if (a := _first_access(s, buf)))
+    if isinstance(stmt, tvm.tirx.For):
+        runs = isinstance(stmt.extent, tvm.tirx.IntImm) and stmt.extent.value > 0 and stmt.kind in (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
+        return _first_access(stmt.body, buf) if runs else "use"
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    if not isinstance(call, tvm.tirx.Call) or not getattr(call.op, "name", "").startswith("tl.tileop."):
+        return "use"
+    regions = [a for a in call.args if getattr(getattr(a, "op", None), "name", "") == "tl.region" and a.args[0].buffer.same_as(buf)]
+    rest = [a for a in call.args if not any(a.same_as(r) for r in regions)]
+    whole = all(
+        int(r.args[1]) == 2 and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in r.args[0].indices)
+        and [getattr(e, "value", None) for e in r.args[2:]] == [int(d) for d in buf.shape]
+        for r in regions
+    )  # fmt: skip
+    touched_elsewhere = any(buf.data in _referenced_vars(tvm.tirx.Evaluate(a)) for a in rest if isinstance(a, tvm.ir.PrimExpr))
+    return "kill" if regions and whole and not touched_elsewhere else "use"
+
+
+def _rebuffer(stmt: Any, old: Any, new: Any) -> Any:
+    def swap(node: Any) -> Any:
+        if isinstance(node, tvm.tirx.BufferLoad) and node.buffer.same_as(old):
+            return tvm.tirx.BufferLoad(new, node.indices, node.predicate)
+        if isinstance(node, tvm.tirx.BufferStore) and node.buffer.same_as(old):
+            return tvm.tirx.BufferStore(new, node.value, node.indices, node.predicate)
+        return None
+
+    swapped = stmt_functor.ir_transform(stmt, None, swap, ["tirx.BufferLoad", "tirx.BufferStore"])
+    return stmt_functor.substitute(swapped, {old.data: new.data})  # raw pointers (access_ptr)
+
+
+# Neither role_based nor MaterializeWSSchedule takes an else branch ("if-else branches are
+# not supported"); a stream-K GEMM writes a tile whole or adds it by atomics under one.
+# ``if c: A else: B`` is ``if c: A`` then ``if not c: B`` when A writes nothing c reads
+# (TIR variables are bound once: only c's buffer loads can change), so the scheduler sees
+# two guarded branches and places each op with its own guard. Otherwise it is left as
+# written, and role_based says why it skips.
+def _split_else(func: Any) -> Any:
+    def split(stmt: Any) -> Any:
+        if stmt.else_case is None:
+            return None
+        read = {load.buffer.data for load in _loads(stmt.condition)}
+        if read & _referenced_vars(stmt.then_case):
+            return None
+        otherwise = tvm.tirx.IfThenElse(tvm.tirx.Not(stmt.condition), stmt.else_case, None)
+        return tvm.tirx.SeqStmt([tvm.tirx.IfThenElse(stmt.condition, stmt.then_case, None), otherwise])
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, split, ["tirx.IfThenElse"]))
+
+
+def _loads(expr: Any) -> list[Any]:
+    found: list[Any] = []
+    stmt_functor.post_order_visit(expr, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
+    return found
 
 
 # role_based skips any kernel with an atomic op ("cannot schedule atomic op"), yet

@@ -857,3 +857,63 @@ def test_a_kernel_with_atomics_is_seeded_with_its_atomics_in_place(data_dir, tmp
     assert len(kept) == 5
     for cand in kept:
         verify(task, cand)
+
+
+def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
+    """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
+    role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the
+    second on the negated condition (the first writes nothing the condition reads); the
+    seed and the space's candidates verify. Where the then-branch writes what the
+    condition reads, the if-else stays as written and role_based says why it skips."""
+    task = task_of(data_dir / "streamk_gemm.py", "M=2048,N=2048,K=2048")
+    func = task.primfunc({"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "threads": 256})
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(compiler._stand_in_atomics(func)))
+    assert skipped == ["if-else branches are not supported"]  # the premise, its atomics aside
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "else:" not in text and text.count("if ") >= 2 and "T.atomic_add_elem_op(" in text
+    guarded = {op for op, access in compiler.op_accesses(prepared).items() if "end_iter" in access.reads and "C_local" in access.reads - access.writes}
+    assert len(guarded) == 2  # the whole tile's store and the atomics, each reading the condition's end_iter
+    compiler.verify(compiler.attach(prepared, seed))
+    for cand in itertools.islice(task.space().candidates(), 5):
+        verify(task, cand)
+
+    source = (data_dir / "streamk_gemm.py").read_text()
+    store = "                    T.copy(C_local, C[pid_m * block_M, pid_n * block_N])\n                else:"
+    assert store in source
+    path = tmp_path / "streamk_writes_its_condition.py"
+    path.write_text(source.replace(store, "                    T.copy(C_local, C[pid_m * block_M, pid_n * block_N])\n                    end_iter[0] = last_iter\n                else:"))
+    func = task_of(path, "M=2048,N=2048,K=2048").primfunc({"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "threads": 256})
+    with pytest.raises(compiler.NoSeed, match="if-else branches are not supported"):
+        compiler.prepare(func)
+
+
+def test_a_shared_buffer_reused_for_unrelated_values_gets_a_buffer_per_value(data_dir, tmp_path):
+    """RMSNorm loads its x tile in a second loop again, into the same buffer; role_based
+    refuses it ("ownership moves inside the consumer's span"). The second loop overwrites
+    the whole tile before reading it, so the first loop's values are dead there: ws-tune
+    gives the first loop a buffer of its own, and the kernel a seed with both in
+    pipelines. A loop whose first touch of the buffer reads it, or writes part of it,
+    keeps the one buffer (and role_based's reason)."""
+    task = task_of(data_dir / "rmsnorm.py", "M=1024,N=4096")
+    params = {"blk_m": 1, "blk_k": 512, "num_stages": 2, "threads": 128}
+    prepared, seed = compiler.prepare(task.primfunc(params))
+    piped = {buf for pipe in seed.pipelines for buf in pipe.buffers}
+    assert {"x_s", "x_s_v1"} <= piped
+    shared = {b.name: b.bytes for b in compiler.shared_buffers(prepared)}
+    assert shared["x_s_v1"] == shared["x_s"] == 1 * 512 * 2  # what it costs, priced by the smem rule
+    loops = [access for op, access in compiler.op_accesses(prepared).items() if op.startswith("loop")]
+    assert any("x_s_v1" in a.reads and "x_s" not in a.reads for a in loops) and any("x_s" in a.reads and "x_s_v1" not in a.reads for a in loops)
+    compiler.verify(compiler.attach(prepared, seed))
+    for cand in itertools.islice(task.space().candidates(), 5):
+        verify(task, cand)
+
+    source = (data_dir / "rmsnorm.py").read_text()
+    second = source.index("T.copy(X[bx * blk_m, k * blk_k], x_s)", source.index("T.copy(X[bx * blk_m, k * blk_k], x_s)") + 1)
+    partial = source[:second] + "T.copy(X[bx * blk_m, k * blk_k], x_s[0:blk_m, 0 : blk_k // 2])" + source[second + len("T.copy(X[bx * blk_m, k * blk_k], x_s)"):]
+    path = tmp_path / "rmsnorm_partial.py"
+    path.write_text(partial)
+    with pytest.raises(compiler.NoSeed, match="storage 'x_s'"):
+        compiler.prepare(task_of(path, "M=1024,N=4096").primfunc(params))

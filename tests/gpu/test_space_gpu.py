@@ -67,6 +67,13 @@ CASES = {
     "chunk_state": (DATA / "chunk_state.py", "batch=2,seqlen=2048", {}),
     # Block indices read in the loop, the body under an if on them (64 query heads per KV head: a warpgroup's rows).
     "nsa_fwd": (DATA / "nsa_fwd.py", "batch=1,seq_len=2048,heads=256,groups=64", {"threads": (128,)}),
+    # Stop 31: stream-K (an if-else split into two guarded ifs; a while loop; a dynamic trip count),
+    # attention with a sink and a sliding window (a key loop from the window's start, made 0-based),
+    # two-pass RMSNorm (its x tile reused by the second loop, given a buffer per loop).
+    "streamk_gemm": (DATA / "streamk_gemm.py", "M=2048,N=2048,K=2048", {}),
+    "sink_attn": (DATA / "sink_attn.py", "batch=2,heads=8,seq_q=1024,seq_kv=2048", {}),
+    "sink_attn-window": (DATA / "sink_attn.py", "batch=2,heads=8,seq_q=2048,seq_kv=2048,window=128", {}),
+    "rmsnorm": (DATA / "rmsnorm.py", "M=4096,N=4096", {}),
 }
 
 
