@@ -133,7 +133,3 @@ def flops(problem):
     past = seq_kv - seq_q
     keys = sum(min(past + q + 1, window or seq_kv) for q in range(seq_q))
     return 4.0 * problem["batch"] * problem["heads"] * keys * dim
-
-
-def vendors(problem):
-    return {}
