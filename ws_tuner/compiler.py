@@ -413,13 +413,13 @@ def _split_reuse(func: Any) -> Any:
     added: list[Any] = []
 
     def split(seq: Any) -> Any:
-        stmts = list(seq.seq)
+        stmts, before = list(seq.seq), len(added)
         for buf in reused:
             kills = [i for i, stmt in enumerate(stmts) if _first_access(stmt, buf) == "kill"]
             for lo, hi in zip(kills, kills[1:]):
                 added.append(tvm.tirx.decl_buffer(buf.shape, buf.dtype, f"{buf.name}_v{len(added) + 1}", scope=buf.scope()))
                 stmts[lo:hi] = [_rebuffer(stmt, buf, added[-1]) for stmt in stmts[lo:hi]]
-        return tvm.tirx.SeqStmt(stmts) if len(added) else None
+        return tvm.tirx.SeqStmt(stmts) if len(added) > before else None
 
     body = stmt_functor.ir_transform(func.body, None, split, ["tirx.SeqStmt"])
     if not added:
