@@ -130,6 +130,31 @@ def schedule_to_tvm(schedule: Schedule, buffers: dict[str, Any]) -> Any:
 # --- PrimFunc surgery -------------------------------------------------------
 
 
+def unwritten_params(func: Any, indices: tuple[int, ...]) -> list[str]:
+    """The parameters among ``indices`` that the kernel never writes: no store, no tile
+    op region it writes, no call (an atomic, a raw pointer) that is handed them. An output
+    is filled with NaN before each correctness check, so one the kernel only reads (a
+    kernel file's OUTPUTS naming an input) makes every lowering WRONG."""
+    buffers = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
+    written: set[Any] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.BufferStore):
+            written.add(node.buffer.data)
+        elif isinstance(node, tvm.tirx.Call) and getattr(node.op, "name", "") == "tl.region":
+            if int(node.args[1]) & 2:
+                written.add(node.args[0].buffer.data)
+        elif isinstance(node, tvm.tirx.Call):
+            written.update(v for a in node.args if not _is_region(a) for v in _referenced_vars(tvm.tirx.Evaluate(a)) if isinstance(a, tvm.ir.PrimExpr))
+
+    stmt_functor.post_order_visit(func.body, visit)
+    return [str(buffers[i].name) for i in indices if -len(buffers) <= i < len(buffers) and buffers[i].data not in written]
+
+
+def _is_region(expr: Any) -> bool:
+    return getattr(getattr(expr, "op", None), "name", "") == "tl.region"
+
+
 def _annotated_block(func: Any) -> Any | None:
     found: list[Any] = []
 

@@ -98,9 +98,13 @@ class Task:
         @functools.lru_cache(maxsize=PRIMFUNCS_KEPT)  # per task: a failed build is not kept, and raises again
         def build(key: ParamsKey) -> Any:
             try:
-                return self.spec.build(self.problem, dict(key))
+                func = self.spec.build(self.problem, dict(key))
             except Exception as exc:  # noqa: BLE001 - user code
                 raise compiler.CompilerError(f"{self.spec.name}.kernel({_fmt(dict(key))}) failed: {compiler.one_line(exc)}") from exc
+            unwritten = compiler.unwritten_params(func, self.spec.outputs)
+            if unwritten:
+                raise KernelFileError(f"{self.spec.path.name}: OUTPUTS {list(self.spec.outputs)} names {', '.join(unwritten)}, which the kernel never writes")
+            return func
 
         return build
 

@@ -12,6 +12,7 @@ import tilelang.language as T
 PROBLEM = {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "dim": 128, "window": 0}
 CHOICES = {"dim": [64, 128], "window": [0, 128, 512, 1024]}  # window 0: full causal attention
 PARAMS = {"block_M": [64, 128], "block_N": [64, 128], "num_stages": [1, 2], "threads": [128, 256]}
+OUTPUTS = [3]  # Output; the sinks come after it
 TOLERANCE = 2e-2
 LOG2E = 1.44269504
 

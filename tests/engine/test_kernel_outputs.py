@@ -39,3 +39,23 @@ def test_reset_to_zero_must_name_outputs(tmp_path, data_dir):
     bad.write_text(source)
     with pytest.raises(KernelFileError, match=r"RESET_TO_ZERO must list entries of OUTPUTS \[2\], got \[0\]"):
         load_kernel(bad)
+
+
+def test_outputs_that_name_an_input_are_one_line_and_exit_2(tmp_path, data_dir):
+    """Attention with a sink takes the sinks after its output: without OUTPUTS, the default
+    (the last argument) names the sinks, which the correctness check fills with NaN, and
+    every lowering, tilelang's own included, reads WRONG (as on the H200, run 27). The
+    kernel never writes them: ws-tune says so before building anything."""
+    from test_cli import ws_tune
+
+    source = (data_dir / "sink_attn.py").read_text()
+    assert "OUTPUTS = [3]" in source
+    bad = tmp_path / "sink_no_outputs.py"
+    bad.write_text(source.replace("OUTPUTS = [3]", ""))
+    shape = "batch=1,heads=2,seq_q=256,seq_kv=256"
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    for args in (["space", str(bad), "--shape", shape], [str(bad), "--shape", shape, "--compile-only", "--budget", "1", "--db", db]):
+        proc = ws_tune(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == "error: sink_no_outputs.py: OUTPUTS [-1] names Sinks, which the kernel never writes"
+    assert load_kernel(data_dir / "sink_attn.py").outputs == (3,)
