@@ -388,7 +388,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         return func, seed
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
-            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(_split_else(_split_reuse(func)))))
+            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(_split_else(_split_reuse(_drop_empty_loops(func))))))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
@@ -414,6 +414,23 @@ def _zero_based(func: Any) -> Any:
         return tvm.tirx.For(var, zero, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations, loop.step)
 
     return func.with_body(stmt_functor.ir_transform(func.body, None, shift, ["tirx.For"]))
+
+
+# A loop that runs no trips (stream-K's whole-tile wave when every tile is shared out) is
+# dropped by tilelang's simplifier after role_based has scheduled its ops, and the build
+# then fails ("op 'pid_m_1' is scheduled but no statement in the kernel carries this
+# id"). It is dead code: the scheduler does not see it.
+def _drop_empty_loops(func: Any) -> Any:
+    def empty(stmt: Any) -> bool:
+        return isinstance(stmt, tvm.tirx.For) and isinstance(stmt.extent, tvm.tirx.IntImm) and stmt.extent.value <= 0
+
+    def drop(seq: Any) -> Any:
+        kept = [stmt for stmt in seq.seq if not empty(stmt)]
+        if len(kept) == len(seq.seq):
+            return None
+        return tvm.tirx.SeqStmt(kept) if len(kept) != 1 else kept[0]
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, drop, ["tirx.SeqStmt"]))
 
 
 # role_based gives each shared buffer one owner per stretch of a loop body, handed between

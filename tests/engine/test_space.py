@@ -917,3 +917,18 @@ def test_a_shared_buffer_reused_for_unrelated_values_gets_a_buffer_per_value(dat
     path.write_text(partial)
     with pytest.raises(compiler.NoSeed, match="storage 'x_s'"):
         compiler.prepare(task_of(path, "M=1024,N=4096").primfunc(params))
+
+
+@pytest.mark.slow
+def test_a_loop_that_runs_no_trips_is_not_scheduled(data_dir, tmp_path, monkeypatch):
+    """Stream-K at 2048^3 with 128x256 tiles shares every tile out by K-iterations: its
+    whole-tile wave is ``T.serial(0)``. tilelang's simplifier drops that loop after
+    role_based has scheduled its ops, and the seed failed to build ("op 'pid_m_1' is
+    scheduled but no statement in the kernel carries this id"); ws-tune drops it first."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # a real compile
+    task = task_of(data_dir / "streamk_gemm.py", "M=2048,N=2048,K=2048")
+    func = task.primfunc({"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 2, "threads": 256})
+    assert "for p in range(0):" in func.script()  # the premise
+    prepared, seed = compiler.prepare(func)
+    assert "range(0)" not in prepared.script()
+    assert compiler.compile_kernel(compiler.attach(prepared, seed)).get_kernel_source().count("AtomicAdd") >= 1
