@@ -139,16 +139,24 @@ def unwritten_params(func: Any, indices: tuple[int, ...]) -> list[str]:
     written: set[Any] = set()
 
     def visit(node: Any) -> None:
+        name = getattr(getattr(node, "op", None), "name", "")
         if isinstance(node, tvm.tirx.BufferStore):
             written.add(node.buffer.data)
-        elif isinstance(node, tvm.tirx.Call) and getattr(node.op, "name", "") == "tl.region":
+        elif name == "tl.region":
             if int(node.args[1]) & 2:
                 written.add(node.args[0].buffer.data)
-        elif isinstance(node, tvm.tirx.Call):
-            written.update(v for a in node.args if not _is_region(a) for v in _referenced_vars(tvm.tirx.Evaluate(a)) if isinstance(a, tvm.ir.PrimExpr))
+        elif isinstance(node, tvm.tirx.Call) and (not name.startswith("tirx.") or name in _HANDS_OVER):
+            for arg in node.args:
+                if isinstance(arg, tvm.ir.PrimExpr) and not _is_region(arg):
+                    written.update(_referenced_vars(tvm.tirx.Evaluate(arg)))
 
     stmt_functor.post_order_visit(func.body, visit)
     return [str(buffers[i].name) for i in indices if -len(buffers) <= i < len(buffers) and buffers[i].data not in written]
+
+
+# TVM's own calls are arithmetic (exp2, max, ...) but for these, which hand what they are
+# given to code that may write it; tilelang's (atomics, tile ops) may write theirs.
+_HANDS_OVER = frozenset({"tirx.address_of", "tirx.tvm_access_ptr", "tirx.call_extern", "tirx.call_intrin", "tirx.call_packed"})
 
 
 def _is_region(expr: Any) -> bool:
@@ -337,7 +345,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
 def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:
     """The MMA of a gemm call (its slots: A, B, C regions, transposes, M, N, K,
     policy, ...), where its tile is static and its accumulator a fragment."""
-    regions = [a for a in call.args[:3] if getattr(getattr(a, "op", None), "name", "") == "tl.region"]
+    regions = [a for a in call.args[:3] if _is_region(a)]
     if len(regions) < 3 or "fragment" not in regions[2].args[0].buffer.scope():
         return []
     ints = [getattr(a, "value", None) for a in call.args[5:9]]
@@ -446,7 +454,7 @@ def _split_reuse(func: Any) -> Any:
     block = _annotated_block(func)
     if block is None:
         return func
-    laid_out = {k for k in dict(block.annotations).get("layout_map", {})}
+    laid_out = set(dict(block.annotations).get("layout_map", {}))
     datas = [b.data for b in block.alloc_buffers]
     reused = [
         b for b in block.alloc_buffers
@@ -491,7 +499,7 @@ def _first_access(stmt: Any, buf: Any) -> str | None:
     call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
     if not isinstance(call, tvm.tirx.Call) or not getattr(call.op, "name", "").startswith("tl.tileop."):
         return "use"
-    regions = [a for a in call.args if getattr(getattr(a, "op", None), "name", "") == "tl.region" and a.args[0].buffer.same_as(buf)]
+    regions = [a for a in call.args if _is_region(a) and a.args[0].buffer.same_as(buf)]
     rest = [a for a in call.args if not any(a.same_as(r) for r in regions)]
     whole = all(
         int(r.args[1]) == 2 and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in r.args[0].indices)
