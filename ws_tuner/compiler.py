@@ -187,12 +187,15 @@ def _set_annotation(func: Any, value: Any | None) -> Any:
         ann = {k: v for k, v in stmt.annotations.items() if k != WS_ANNOTATION}
         if value is not None:
             ann[WS_ANNOTATION] = value
-        return tvm.tirx.SBlock(
-            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, stmt.body,
-            stmt.init, stmt.alloc_buffers, stmt.match_buffers, ann,
-        )  # fmt: skip
+        return _block_with(stmt, annotations=ann)
 
     return func.with_body(stmt_functor.ir_transform(func.body, None, post, ["tirx.SBlock"]))
+
+
+def _block_with(block: Any, **fields: Any) -> Any:
+    """``block`` with some of its fields replaced (TVM nodes are immutable)."""
+    names = ("iter_vars", "reads", "writes", "name_hint", "body", "init", "alloc_buffers", "match_buffers", "annotations")
+    return tvm.tirx.SBlock(**{name: fields.get(name, getattr(block, name)) for name in names})
 
 
 def own_schedule(func: Any) -> Schedule | None:
@@ -396,7 +399,10 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         return func, seed
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
-            mod = tilelang.transform.InjectAssumes()(_prologue(_stand_in_atomics(_split_else(_split_reuse(_drop_empty_loops(func))))))
+            shown = func
+            for rewrite in _FOR_ROLE_BASED:
+                shown = rewrite(shown)
+            mod = tilelang.transform.InjectAssumes()(_prologue(shown))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
@@ -476,12 +482,7 @@ def _split_reuse(func: Any) -> Any:
         return func
 
     def allocate(stmt: Any) -> Any:
-        if stmt.name_hint != block.name_hint:
-            return None
-        return tvm.tirx.SBlock(
-            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, stmt.body,
-            stmt.init, [*stmt.alloc_buffers, *added], stmt.match_buffers, stmt.annotations,
-        )  # fmt: skip
+        return _block_with(stmt, alloc_buffers=[*stmt.alloc_buffers, *added]) if stmt.name_hint == block.name_hint else None
 
     return func.with_body(stmt_functor.ir_transform(body, None, allocate, ["tirx.SBlock"]))
 
@@ -524,10 +525,10 @@ def _rebuffer(stmt: Any, old: Any, new: Any) -> Any:
 
 # Neither role_based nor MaterializeWSSchedule takes an else branch ("if-else branches are
 # not supported"); a stream-K GEMM writes a tile whole or adds it by atomics under one.
-# ``if c: A else: B`` is ``if c: A`` then ``if not c: B`` when A writes nothing c reads
-# (TIR variables are bound once: only c's buffer loads can change), so the scheduler sees
-# two guarded branches and places each op with its own guard. Otherwise it is left as
-# written, and role_based says why it skips.
+# ``if c: A else: B`` is ``if c: A`` then ``if not c: B`` when A does not touch a buffer c
+# loads (TIR variables are bound once: only c's buffer loads could change, and only A
+# could change them), so the scheduler sees two guarded branches and places each op with
+# its own guard. Otherwise it is left as written, and role_based says why it skips.
 def _split_else(func: Any) -> Any:
     def split(stmt: Any) -> Any:
         if stmt.else_case is None:
@@ -584,6 +585,11 @@ def _restore_atomics(func: Any) -> Any:
         return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, atomic, args, annotations=marks))
 
     return func.with_body(stmt_functor.ir_transform(func.body, None, restore, ["tirx.Evaluate"]))
+
+
+# What role_based is shown of a plain kernel, in this order (each keeps what it computes):
+# dead loops out, reused buffers split, else branches as guards, atomics as stand-ins.
+_FOR_ROLE_BASED = (_drop_empty_loops, _split_reuse, _split_else, _stand_in_atomics)
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"
