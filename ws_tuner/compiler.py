@@ -587,9 +587,99 @@ def _restore_atomics(func: Any) -> Any:
     return func.with_body(stmt_functor.ir_transform(func.body, None, restore, ["tirx.Evaluate"]))
 
 
+# A kernel may copy a slice of a read-only input into registers once and steer its loads
+# by it: block-sparse attention guards each key block's loads by its row of the block mask.
+# A producer warp cannot read the consumers' registers, so role_based refuses the load
+# ("'copy_5' needs op 'copy_1' in role Load, but that op is fixed to role Worker"). Where
+# that copy is the buffer's only write, runs once before any read (a statement of the
+# kernel's top level), and the buffer steers control or addressing (a guard, a loop
+# bound, an index), each read is taken from the input itself and the copy dropped.
+def _unstage_inputs(func: Any) -> Any:
+    block = _annotated_block(func)
+    if block is None:
+        return func
+    params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
+    read_only = {b.data: b for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
+    top = list(block.body.seq) if isinstance(block.body, tvm.tirx.SeqStmt) else [block.body]
+    steering = _steering_loads(block.body)
+    for at, stmt in enumerate(top):
+        staged = _staged_copy(stmt, read_only)
+        if staged is None:
+            continue
+        src, buf = staged
+        if buf.data not in steering or any(buf.data in _referenced_vars(s) for s in top[:at]):
+            continue
+        after = top[at + 1 :]
+        rest = _reread(tvm.tirx.SeqStmt(after) if len(after) > 1 else after[0], buf, src)
+        if buf.data in _referenced_vars(rest):  # written or handed over elsewhere: keep it
+            continue
+        body = tvm.tirx.SeqStmt([*top[:at], rest]) if at else rest
+        kept = [b for b in block.alloc_buffers if not b.same_as(buf)]
+        replaced = _block_with(block, body=body, alloc_buffers=kept)
+        func = func.with_body(stmt_functor.ir_transform(func.body, None, lambda s: replaced if s.same_as(block) else None, ["tirx.SBlock"]))
+        return _unstage_inputs(func)  # the next one, in the new body
+    return func
+
+
+def _steering_loads(stmt: Any) -> set[Any]:
+    """The buffers whose elements a guard, a loop bound or an index reads."""
+    exprs: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, (tvm.tirx.IfThenElse, tvm.tirx.While)):
+            exprs.append(node.condition)
+        elif isinstance(node, tvm.tirx.For):
+            exprs.extend([node.min, node.extent])
+        elif isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)):
+            exprs.extend(node.indices)
+
+    stmt_functor.post_order_visit(stmt, visit)
+    return {load.buffer.data for expr in exprs for load in _loads(expr)}
+
+
+def _staged_copy(stmt: Any, read_only: dict[Any, Any]) -> tuple[Any, Any] | None:
+    """(source region, destination buffer) when ``stmt`` copies a slice of a read-only
+    input into the whole of a register buffer, its other extents all 1."""
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy"):
+        return None
+    if len(call.args) < 2 or not all(_is_region(a) for a in call.args[:2]):
+        return None
+    src, dst = call.args[0], call.args[1]
+    buf = dst.args[0].buffer
+    if src.args[0].buffer.data not in read_only or not buf.scope().startswith("local"):
+        return None
+    extents = [getattr(e, "value", None) for e in src.args[2:]]
+    whole = [int(d) for d in buf.shape] == [getattr(e, "value", None) for e in dst.args[2:]]
+    if not whole or not all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in dst.args[0].indices):
+        return None
+    if [e for e in extents if e != 1] != [d for d in (int(d) for d in buf.shape) if d != 1]:
+        return None
+    return src, buf
+
+
+def _reread(stmt: Any, buf: Any, src: Any) -> Any:
+    """``stmt`` with each read of ``buf`` taken from the source region it was copied from."""
+    start, extents = src.args[0], [getattr(e, "value", None) for e in src.args[2:]]
+    spread = [d for d, e in enumerate(extents) if e != 1]  # the source's axes ``buf``'s long axes run along
+
+    def swap(node: Any) -> Any:
+        if not (isinstance(node, tvm.tirx.BufferLoad) and node.buffer.same_as(buf)):
+            return None
+        long_axes = [i for i, d in zip(node.indices, buf.shape) if int(d) != 1]
+        indices = list(start.indices)
+        for axis, index in zip(spread, long_axes):
+            indices[axis] = indices[axis] + index
+        load = tvm.tirx.BufferLoad(start.buffer, indices)
+        return load if load.dtype == node.dtype else tvm.tirx.Cast(node.dtype, load)
+
+    return stmt_functor.ir_transform(stmt, None, swap, ["tirx.BufferLoad"])
+
+
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
-# dead loops out, reused buffers split, else branches as guards, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _split_reuse, _split_else, _stand_in_atomics)
+# dead loops out, register copies of inputs read in place, reused buffers split, else
+# branches as guards, atomics as stand-ins.
+_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _split_reuse, _split_else, _stand_in_atomics)
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

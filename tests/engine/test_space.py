@@ -932,3 +932,36 @@ def test_a_loop_that_runs_no_trips_is_not_scheduled(data_dir, tmp_path, monkeypa
     prepared, seed = compiler.prepare(func)
     assert "range(0)" not in prepared.script()
     assert compiler.compile_kernel(compiler.attach(prepared, seed)).get_kernel_source().count("AtomicAdd") >= 1
+
+
+def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir, tmp_path):
+    """Block-sparse attention copies its row of the block mask into a fragment once and
+    guards each key block's loads by it; role_based refuses (a producer warp cannot read
+    the consumers' registers). The copy is the fragment's only write and the mask an
+    input, so ws-tune reads the mask in place: the seed's loads are guarded by the input
+    itself, and the seed and the space's candidates verify. A fragment written again
+    later keeps its copy (and role_based's reason)."""
+    task = task_of(data_dir / "blocksparse_attn.py", "batch=1,heads=2,seq=1024")
+    params = {"num_stages": 1, "threads": 256}
+    func = task.primfunc(params)
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    assert len(skipped) == 1 and "in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "block_mask" not in text and 'if T.Cast("int32", BlockMask[bz, by, bx, k]) != 0:' in text
+    loop = next(scope for scope in seed.scopes if scope.id.startswith("loop"))
+    producers = [body for _, body in loop.bodies if any(getattr(x, "kind", "") == "PRODUCER_ACQUIRE" and x.pipeline == "K_shared" for x in body)]
+    assert len(producers) == 1 and not any(str(x).startswith("tl_tileop_gemm") for x in producers[0])  # the guarded loads in a role of their own
+    compiler.verify(compiler.attach(prepared, seed))
+    for cand in itertools.islice(task.space().candidates(), 5):
+        verify(task, cand)
+
+    source = (data_dir / "blocksparse_attn.py").read_text()
+    guard = "                if block_mask[k] != 0:\n"
+    assert guard in source
+    path = tmp_path / "blocksparse_rewrites_its_mask.py"
+    path.write_text(source.replace(guard, "                block_mask[k] = block_mask[k] and k < bx + 1\n" + guard))
+    with pytest.raises(compiler.NoSeed, match="in role Load, but that op is fixed to role Worker"):
+        compiler.prepare(task_of(path, "batch=1,heads=2,seq=1024").primfunc(params))

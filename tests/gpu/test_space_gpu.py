@@ -77,6 +77,11 @@ CASES = {
     "sink_attn": (DATA / "sink_attn.py", "batch=2,heads=8,seq_q=1024,seq_kv=2048", {}),
     "sink_attn-window": (DATA / "sink_attn.py", "batch=2,heads=8,seq_q=2048,seq_kv=2048,window=128", {}),
     "rmsnorm": (DATA / "rmsnorm.py", "M=4096,N=4096", {}),
+    # Stop 32: block-sparse attention (each key block's loads guarded by a mask row copied into registers,
+    # read in place from the input), DeepSeek-V3.2's sparse MLA (keys gathered element by element by index).
+    "blocksparse_attn": (DATA / "blocksparse_attn.py", "batch=2,heads=8,seq=2048,topk=8", {}),
+    "blocksparse_attn-dense": (DATA / "blocksparse_attn.py", "batch=2,heads=8,seq=2048,causal=0,topk=4", {}),
+    "sparse_mla": (DATA / "sparse_mla.py", "batch=1,seq=512,seq_kv=1024,heads=128,topk=512", {}),
 }
 
 
