@@ -3,14 +3,16 @@ examples/blocksparse_attention/example_tilelang_block_sparse_attn.py writes it: 
 mask per (query block, key block) is copied into a fragment once, and the whole body of the
 key loop, both loads included, runs under `if block_mask[k]`. Each query block keeps its
 first key block and topk - 1 others drawn at random; causal keeps the lower triangle.
+The mask is bool as in the example (tilelang 0.1.15's own lowerings fail to compile its
+fragment copy at 128 key blocks or more: "Cannot convert type boolx16") or int8.
 
     ws-tune tests/data/blocksparse_attn.py --shape batch=4,heads=16,seq=4096,topk=16 --budget 16
 """
 
 import tilelang.language as T
 
-PROBLEM = {"batch": None, "heads": None, "seq": None, "dim": 128, "block": 64, "topk": 8, "causal": 1}
-CHOICES = {"dim": [64, 128], "block": [64, 128], "causal": [0, 1]}
+PROBLEM = {"batch": None, "heads": None, "seq": None, "dim": 128, "block": 64, "topk": 8, "causal": 1, "mask": "bool"}
+CHOICES = {"dim": [64, 128], "block": [64, 128], "causal": [0, 1], "mask": ["bool", "int8"]}
 PARAMS = {"num_stages": [1, 2], "threads": [128, 256]}
 OUTPUTS = [4]
 TOLERANCE = 2e-2
@@ -20,6 +22,8 @@ LOG2E = 1.44269504
 def check(problem, params, schedule):
     if problem["seq"] % problem["block"]:
         return f"seq={problem['seq']} is not a multiple of block={problem['block']}"
+    if params["threads"] > 2 * problem["block"]:
+        return f"threads={params['threads']} split a {problem['block']}-row block over too many warps (acc_s and acc_s_cast take conflicting layouts)"
     return None
 
 
@@ -32,7 +36,7 @@ def kernel(problem, *, num_stages, threads):
 
     @T.prim_func
     def blocksparse_attn(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
-                         BlockMask: T.Tensor((batch, heads, blocks, blocks), "bool"), Output: T.Tensor(shape, dtype)):  # fmt: skip
+                         BlockMask: T.Tensor((batch, heads, blocks, blocks), problem["mask"]), Output: T.Tensor(shape, dtype)):  # fmt: skip
         with T.Kernel(blocks, heads, batch, threads=threads) as (bx, by, bz):
             Q_shared = T.alloc_shared((block, dim), dtype)
             K_shared = T.alloc_shared((block, dim), dtype)
@@ -46,7 +50,7 @@ def kernel(problem, *, num_stages, threads):
             scores_scale = T.alloc_fragment((block,), accum)
             scores_sum = T.alloc_fragment((block,), accum)
             logsum = T.alloc_fragment((block,), accum)
-            block_mask = T.alloc_fragment((blocks,), "bool")
+            block_mask = T.alloc_fragment((blocks,), problem["mask"])
 
             T.copy(Q[bz, by, bx * block : (bx + 1) * block, :], Q_shared)
             T.fill(acc_o, 0)
@@ -105,7 +109,7 @@ def inputs(problem, device):
 
     shape = (problem["batch"], problem["heads"], problem["seq"], problem["dim"])
     q, k, v = (torch.randn(shape, device=device, dtype=torch.float16) for _ in range(3))
-    return [q, k, v, _mask(problem, device), torch.empty(shape, device=device, dtype=torch.float16)]
+    return [q, k, v, _mask(problem, device).to(getattr(torch, problem["mask"])), torch.empty(shape, device=device, dtype=torch.float16)]
 
 
 def reference(problem, args):
@@ -113,7 +117,7 @@ def reference(problem, args):
 
     q, k, v = (a.float() for a in args[:3])
     block, seq = problem["block"], problem["seq"]
-    keep = args[3].repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
+    keep = args[3].bool().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
     if problem["causal"]:
         keep = keep & torch.ones(seq, seq, device=q.device, dtype=torch.bool).tril()
     logits = torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5

@@ -942,7 +942,7 @@ def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir
     itself, and the seed and the space's candidates verify. A fragment written again
     later keeps its copy (and role_based's reason)."""
     task = task_of(data_dir / "blocksparse_attn.py", "batch=1,heads=2,seq=1024")
-    params = {"num_stages": 1, "threads": 256}
+    params = {"num_stages": 1, "threads": 128}
     func = task.primfunc(params)
     with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
         compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
