@@ -115,14 +115,16 @@ def inputs(problem, device):
 def reference(problem, args):
     import torch
 
-    q, k, v = (a.float() for a in args[:3])
     block, seq = problem["block"], problem["seq"]
-    keep = args[3].bool().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
-    if problem["causal"]:
-        keep = keep & torch.ones(seq, seq, device=q.device, dtype=torch.bool).tril()
-    logits = torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5
-    probs = logits.masked_fill(~keep, float("-inf")).softmax(-1)
-    return [torch.einsum("bhqk,bhkd->bhqd", probs, v)]
+    causal = torch.ones(seq, seq, device=args[0].device, dtype=torch.bool).tril() if problem["causal"] else None
+    out = torch.empty_like(args[0], dtype=torch.float32)
+    for b in range(args[0].shape[0]):  # one batch at a time: a (heads, seq, seq) score tensor is 4 GiB at 16 x 8192^2
+        q, k, v = (a[b].float() for a in args[:3])
+        keep = args[3][b].bool().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
+        keep = keep & causal if causal is not None else keep
+        logits = torch.einsum("hqd,hkd->hqk", q, k) / q.shape[-1] ** 0.5
+        out[b] = torch.einsum("hqk,hkd->hqd", logits.masked_fill_(~keep, float("-inf")).softmax(-1), v)
+    return [out]
 
 
 def flops(problem):
