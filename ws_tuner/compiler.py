@@ -599,7 +599,7 @@ def _unstage_inputs(func: Any) -> Any:
     if block is None:
         return func
     params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
-    read_only = {b.data: b for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
+    read_only = {b.data for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
     top = list(block.body.seq) if isinstance(block.body, tvm.tirx.SeqStmt) else [block.body]
     steering = _steering_loads(block.body)
     for at, stmt in enumerate(top):
@@ -610,6 +610,8 @@ def _unstage_inputs(func: Any) -> Any:
         if buf.data not in steering or any(buf.data in _referenced_vars(s) for s in top[:at]):
             continue
         after = top[at + 1 :]
+        if not after:
+            continue
         rest = _reread(tvm.tirx.SeqStmt(after) if len(after) > 1 else after[0], buf, src)
         if buf.data in _referenced_vars(rest):  # written or handed over elsewhere: keep it
             continue
@@ -637,7 +639,7 @@ def _steering_loads(stmt: Any) -> set[Any]:
     return {load.buffer.data for expr in exprs for load in _loads(expr)}
 
 
-def _staged_copy(stmt: Any, read_only: dict[Any, Any]) -> tuple[Any, Any] | None:
+def _staged_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
     """(source region, destination buffer) when ``stmt`` copies a slice of a read-only
     input into the whole of a register buffer, its other extents all 1."""
     call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
@@ -649,11 +651,12 @@ def _staged_copy(stmt: Any, read_only: dict[Any, Any]) -> tuple[Any, Any] | None
     buf = dst.args[0].buffer
     if src.args[0].buffer.data not in read_only or not buf.scope().startswith("local"):
         return None
+    shape = [getattr(d, "value", None) for d in buf.shape]
     extents = [getattr(e, "value", None) for e in src.args[2:]]
-    whole = [int(d) for d in buf.shape] == [getattr(e, "value", None) for e in dst.args[2:]]
+    whole = None not in shape and shape == [getattr(e, "value", None) for e in dst.args[2:]]
     if not whole or not all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in dst.args[0].indices):
         return None
-    if [e for e in extents if e != 1] != [d for d in (int(d) for d in buf.shape) if d != 1]:
+    if [e for e in extents if e != 1] != [d for d in shape if d != 1]:
         return None
     return src, buf
 

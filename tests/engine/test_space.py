@@ -48,6 +48,24 @@ def verify(task: Task, cand: Candidate) -> None:
     compiler.verify(func)
 
 
+def verify_seed_and_candidates(task: Task, prepared, seed, count: int = 5) -> None:
+    """The prepared kernel's seed and the first ``count`` candidates of its space pass the verifier."""
+    compiler.verify(compiler.attach(prepared, seed))
+    kept = list(itertools.islice(task.space().candidates(), count))
+    assert len(kept) == count
+    for cand in kept:
+        verify(task, cand)
+
+
+def edited(data_dir: Path, tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """A copy of a kernel file of tests/data with ``old`` (which must be there) made ``new``."""
+    source = (data_dir / name).read_text()
+    assert old in source
+    path = tmp_path / f"edited_{name}"
+    path.write_text(source.replace(old, new))
+    return path
+
+
 @pytest.fixture(scope="module")
 def space(gemm_task):
     return gemm_task.space()
@@ -852,11 +870,7 @@ def test_a_kernel_with_atomics_is_seeded_with_its_atomics_in_place(data_dir, tmp
     atomic = next(op for op, access in compiler.op_accesses(prepared).items() if access.reads == {"acc"} and not access.writes)
     worker = next(role for role in seed.roles for scope in seed.scopes if atomic in scope.body(role.name))
     assert worker.warp_hi - worker.warp_lo >= 4  # a warpgroup's role: the MMA's, which holds acc
-    compiler.verify(compiler.attach(prepared, seed))
-    kept = list(itertools.islice(task.space().candidates(), 5))
-    assert len(kept) == 5
-    for cand in kept:
-        verify(task, cand)
+    verify_seed_and_candidates(task, prepared, seed)
 
 
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
@@ -876,15 +890,10 @@ def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     assert "else:" not in text and text.count("if ") >= 2 and "T.atomic_add_elem_op(" in text
     guarded = {op for op, access in compiler.op_accesses(prepared).items() if "end_iter" in access.reads and "C_local" in access.reads - access.writes}
     assert len(guarded) == 2  # the whole tile's store and the atomics, each reading the condition's end_iter
-    compiler.verify(compiler.attach(prepared, seed))
-    for cand in itertools.islice(task.space().candidates(), 5):
-        verify(task, cand)
+    verify_seed_and_candidates(task, prepared, seed)
 
-    source = (data_dir / "streamk_gemm.py").read_text()
-    store = "                    T.copy(C_local, C[pid_m * block_M, pid_n * block_N])\n                else:"
-    assert store in source
-    path = tmp_path / "streamk_writes_its_condition.py"
-    path.write_text(source.replace(store, "                    T.copy(C_local, C[pid_m * block_M, pid_n * block_N])\n                    end_iter[0] = last_iter\n                else:"))
+    store = "                    T.copy(C_local, C[pid_m * block_M, pid_n * block_N])\n"
+    path = edited(data_dir, tmp_path, "streamk_gemm.py", store + "                else:", store + "                    end_iter[0] = last_iter\n                else:")
     func = task_of(path, "M=2048,N=2048,K=2048").primfunc({"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "threads": 256})
     with pytest.raises(compiler.NoSeed, match="if-else branches are not supported"):
         compiler.prepare(func)
@@ -906,9 +915,7 @@ def test_a_shared_buffer_reused_for_unrelated_values_gets_a_buffer_per_value(dat
     assert shared["x_s_v1"] == shared["x_s"] == 1 * 512 * 2  # what it costs, priced by the smem rule
     loops = [access for op, access in compiler.op_accesses(prepared).items() if op.startswith("loop")]
     assert any("x_s_v1" in a.reads and "x_s" not in a.reads for a in loops) and any("x_s" in a.reads and "x_s_v1" not in a.reads for a in loops)
-    compiler.verify(compiler.attach(prepared, seed))
-    for cand in itertools.islice(task.space().candidates(), 5):
-        verify(task, cand)
+    verify_seed_and_candidates(task, prepared, seed)
 
     source = (data_dir / "rmsnorm.py").read_text()
     second = source.index("T.copy(X[bx * blk_m, k * blk_k], x_s)", source.index("T.copy(X[bx * blk_m, k * blk_k], x_s)") + 1)
@@ -954,14 +961,9 @@ def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir
     loop = next(scope for scope in seed.scopes if scope.id.startswith("loop"))
     producers = [body for _, body in loop.bodies if any(getattr(x, "kind", "") == "PRODUCER_ACQUIRE" and x.pipeline == "K_shared" for x in body)]
     assert len(producers) == 1 and not any(str(x).startswith("tl_tileop_gemm") for x in producers[0])  # the guarded loads in a role of their own
-    compiler.verify(compiler.attach(prepared, seed))
-    for cand in itertools.islice(task.space().candidates(), 5):
-        verify(task, cand)
+    verify_seed_and_candidates(task, prepared, seed)
 
-    source = (data_dir / "blocksparse_attn.py").read_text()
     guard = "                if block_mask[k] != 0:\n"
-    assert guard in source
-    path = tmp_path / "blocksparse_rewrites_its_mask.py"
-    path.write_text(source.replace(guard, "                block_mask[k] = block_mask[k] and k < bx + 1\n" + guard))
+    path = edited(data_dir, tmp_path, "blocksparse_attn.py", guard, "                block_mask[k] = block_mask[k] and k < bx + 1\n" + guard)
     with pytest.raises(compiler.NoSeed, match="in role Load, but that op is fixed to role Worker"):
         compiler.prepare(task_of(path, "batch=1,heads=2,seq=1024").primfunc(params))
