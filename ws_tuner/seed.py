@@ -11,7 +11,10 @@ order) keeps its producer's stages and one depth for all its pipelines.
 
 An op that stores from shared memory in a loop, reading buffers only its
 role writes there, is ``Movable``: it may run in a role of its own that
-replays the loop control the seed already runs in several roles.
+replays the loop control the seed already runs in several roles. So is an op
+that loads shared buffers from global memory that only its role reads, after
+it, in the same loop body (an element-wise gather, which role_based leaves
+with the consumers): its role becomes their producer.
 
 What each entry of a role body reads and writes (``entry_access``) is the
 kernel's op accesses, a child scope's as the union of what the role does in
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from .order import OPENS, stage_deltas
@@ -38,17 +41,24 @@ Channel = tuple[str, "str | None", "str | None"]  # (loop scope, producer role, 
 @dataclass(frozen=True)
 class Movable:
     """An op that can run in a role of its own: it reads shared buffers that
-    only its role writes, in the same loop body, and writes no on-chip buffer
-    (a store to global memory). The new role receives the buffers through a
-    new pipeline and replays the loop-control ops the seed already runs in
-    several roles."""
+    only its role writes before it, in the same loop body, and writes no
+    on-chip buffer (a store to global memory); or (``feeds``) it writes shared
+    buffers that only its role reads after it there, and reads no on-chip
+    buffer (a load from global memory). The buffers pass between the two roles
+    through a new pipeline; the new role replays the loop-control ops the seed
+    already runs in several roles."""
 
-    op: str
+    ops: tuple[str, ...]  # the first names the move; a body's loads move together, to one producer
     role: str  # the role that places it in the seed
     scope: str
-    buffers: tuple[str, ...]  # what it reads from the role, through the new pipeline
-    new_role: str
+    buffers: tuple[str, ...]  # what passes between the roles, through the new pipeline
+    new_role: str  # a role of its own; for loads, the seed's Load role where it has one
     pipeline: str
+    feeds: bool = False  # the new role produces the buffers (a load) rather than consuming them (a store)
+
+    @property
+    def op(self) -> str:
+        return self.ops[0]
 
 
 def _reach(start: str, flows: Sequence[tuple[frozenset[str], frozenset[str]]]) -> set[str]:
@@ -234,25 +244,43 @@ class Seed:
             for role, body in scope.bodies:
                 if any(isinstance(i, Sync) and i.pipeline in self.frozen for i in body):
                     continue
-                for op in (e for e in body if isinstance(e, str) and e not in self.scopes):
-                    found = self._movable(scope.id, role, op, replicated, protected)
-                    if found:
-                        out.append(found)
+                found = [m for op in body if isinstance(op, str) and op not in self.scopes and (m := self._movable(scope.id, role, op, replicated, protected))]
+                loads = [m for m in found if m.feeds]
+                out += [m for m in found if not m.feeds] + ([self._together(loads)] if loads else [])
         return tuple(out)
+
+    def _together(self, loads: list[Movable]) -> Movable:
+        """A body's loads as one move: one producer role and one pipeline feed the body
+        (sparse attention gathers its keys and their rotary tails by the same indices)."""
+        if len(loads) == 1:
+            return loads[0]
+        first, buffers = loads[0], tuple(b for m in loads for b in m.buffers)
+        return replace(first, ops=tuple(m.op for m in loads), buffers=buffers, pipeline=self._new_pipeline(buffers))
+
+    def _new_pipeline(self, buffers: Sequence[str]) -> str:
+        name = "_".join(buffers)
+        while name in self.pipelines:
+            name += "_"
+        return name
 
     def _movable(self, scope: str, role: str, op: str, replicated: set[str], protected: set[str]) -> Movable | None:
         acc = self.access(op)
-        shared = sorted(b for b in acc.reads if self.kinds.get(b) == "shared")
+        read = sorted(b for b in acc.reads if self.kinds.get(b) == "shared")
+        written = sorted(b for b in acc.writes if self.kinds.get(b) == "shared")
+        feeds = bool(written) and not read  # a load into shared memory; else a store from it
+        shared = written if feeds else read
         on_chip = [b for b in acc.touched if not b.startswith("$")]
         if acc.issues_async or acc.retires_async or not shared or set(on_chip) != set(shared) or protected & set(shared):
             return None
         if self.placements(op) != {role}:
             return None
         body = self.body(scope, role)
-        before = body[: body.index(op)]
-        for b in shared:  # written only here, before the op, in this role; touched by nothing else
+        at = body.index(op)
+        partners = body[at + 1 :] if feeds else body[:at]
+        for b in shared:  # the other side only: in this role, in this body, after a load or before a store; touched by nothing else
             users = [o for o, a in self.accesses.items() if b in a.touched and o not in self.scopes and o != op]
-            if not users or any(self.placements(o) != {role} or o not in before or b in self.access(o).reads for o in users):
+            crossing = (lambda o: b in self.access(o).writes) if feeds else (lambda o: b in self.access(o).reads)
+            if not users or any(self.placements(o) != {role} or o not in partners or crossing(o) for o in users):
                 return None
         path = self.path(scope)
         control = [e for s in path for e in self.body(s, role) if isinstance(e, str) and e not in self.scopes and e != op]
@@ -262,12 +290,16 @@ class Seed:
         defined = {v for e in control if e in replicated for v in self.access(e).writes if v.startswith("$")}
         if any(v.startswith("$") and v not in defined for v in acc.reads):
             return None
-        taken = set(self.role_names)
-        new_role = op if op not in taken else f"{op}_role"
-        pipeline = "_".join(shared)
-        while pipeline in self.pipelines:
-            pipeline += "_"
-        return Movable(op, role, scope, tuple(shared), new_role, pipeline)
+        loader = self._loader()
+        new_role = loader if feeds and loader else op if op not in self.role_names else f"{op}_role"
+        return Movable((op,), role, scope, tuple(shared), new_role, self._new_pipeline(shared), feeds)
+
+    def _loader(self) -> str | None:
+        """The seed's producer role that writes no fragments (its Load role), if it has
+        one: loads moved out of a consumer join it rather than a role of their own. A
+        role more is a warpgroup more where producers take warpgroups, and 512 threads
+        launch with too few registers for a consumer's wide MMA (rules.register_reason)."""
+        return next((r for r in self.role_names if r not in self.heavy and any(self.schedule.producer_of(p) == r for p in self.pipelines)), None)
 
     def path(self, scope: str) -> list[str]:
         """Scopes from the root down to ``scope``."""

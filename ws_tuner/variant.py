@@ -110,7 +110,7 @@ class Variants:
         pipe_of = {b: name for name, bufs in varied_pipes for b in bufs}
         pipe_of.update({b: m.pipeline for m in moves for b in m.buffers})
         producer = {pipe_of[b]: self.seed.where[self.seed.pipe_of[b]][1] for name, bufs in varied_pipes for b in bufs}
-        producer.update({m.pipeline: m.role for m in moves})
+        producer.update({m.pipeline: m.new_role if m.feeds else m.role for m in moves})
         pipelines: list[Pipeline] = []
         for p in self.seed.schedule.pipelines:
             if p.name in self.seed.frozen:
@@ -140,7 +140,8 @@ class Variants:
             body_groups.append((key, tuple(groups)))
         varied = tuple(name for name, _ in varied_pipes if name not in dict(tied)) + tuple(m.pipeline for m in moves)
         return Plan(layout, tuple(m.op for m in moves), tuple(pipelines), varied, tuple(tied), tuple(g for c in choices for g in c.groups), tuple(choices),
-                    self.seed.role_names + tuple(m.new_role for m in moves), tuple(pipe_of.items()), tuple(producer.items()), tuple(body_groups), infeasible)  # fmt: skip
+                    self.seed.role_names + tuple(dict.fromkeys(m.new_role for m in moves if m.new_role not in self.seed.role_names)),
+                    tuple(pipe_of.items()), tuple(producer.items()), tuple(body_groups), infeasible)  # fmt: skip
 
     def _stage_choice(self, key: BodyKey, groups: list[Group], pipe_of: dict[str, str], producer: dict[str, str],
                       moves: Sequence[Movable]) -> tuple[StageChoice | None, str | None]:  # fmt: skip
@@ -180,12 +181,13 @@ class Variants:
         seen: list[str] = []
         for i in self.seed.body(scope, role):
             names = [pipe_of[b] for b in self.seed.pipelines[i.pipeline].buffers] if isinstance(i, Sync) else []
-            names += [m.pipeline for m in moves if (m.scope, m.role) == key and isinstance(i, str) and i in self._writers(m)]
+            names += [m.pipeline for m in moves if (m.scope, m.role) == key and isinstance(i, str) and i in self._partners(m)]
             seen += [n for n in dict.fromkeys(names) if n not in seen]  # a pipeline of several buffers counts once
         return seen
 
-    def _writers(self, move: Movable) -> list[str]:
-        return [e for e in self.seed.body(move.scope, move.role) if isinstance(e, str) and set(self.seed.entry_access(move.role, e)[1]) & set(move.buffers)]
+    def _partners(self, move: Movable) -> list[str]:
+        """The entries of the moved op's old body on the other side of its new pipeline."""
+        return [e for e in self.seed.body(move.scope, move.role) if isinstance(e, str) and e not in move.ops and set(self.seed.entry_access(move.role, e)[2]) & set(move.buffers)]
 
     def _groups(self, key: BodyKey, pipe_of: dict[str, str], moves: Sequence[Movable], fixed: bool = False) -> list[Group]:
         """The body's span groups; ``fixed``: each at the seed's stage of its buffers."""
@@ -232,11 +234,13 @@ class Variants:
             return bodies
         depth_of = plan.depth_of(depths)
         pipelines = tuple(Pipeline(p.name, p.buffers, depth_of[p.name]) for p in plan.pipelines)
-        scopes = tuple(
-            Scope(s.id, tuple((role, bodies.get((s.id, role), body)) for role, body in s.bodies) + self._new_bodies(plan, s.id))
-            for s in self.seed.schedule.scopes
-        )
-        return Schedule(num_warps, tuple(roles), pipelines, scopes)
+        scopes = []
+        for s in self.seed.schedule.scopes:
+            own = {role: bodies.get((s.id, role), body) for role, body in s.bodies}
+            for role, body in self._new_bodies(plan, s.id):  # a role that has a body here runs the moved ops after it
+                own[role] = own.get(role, ()) + tuple(e for e in body if e not in own.get(role, ()))
+            scopes.append(Scope(s.id, tuple(own.items())))
+        return Schedule(num_warps, tuple(roles), pipelines, tuple(scopes))
 
     def _new_bodies(self, plan: Plan, scope: str) -> tuple[tuple[str, tuple[Instr, ...]], ...]:
         """Bodies of the roles that moved ops run in: loop control, and the op in its span."""
@@ -245,9 +249,10 @@ class Variants:
             if m.op not in plan.moved or scope not in self.seed.path(m.scope):
                 continue
             body: list[Instr] = []
+            opening, closing = PRODUCER_SYNCS if m.feeds else CONSUMER_SYNCS
             for e in self.seed.body(scope, m.role):
-                if e == m.op:
-                    body += [Sync(CONSUMER_SYNCS[0], m.pipeline), e, Sync(CONSUMER_SYNCS[1], m.pipeline)]
+                if e in m.ops:  # one span around the moved ops, in the seed's order
+                    body += [Sync(opening, m.pipeline)] * (e == m.ops[0]) + [e] + [Sync(closing, m.pipeline)] * (e == m.ops[-1])
                 elif isinstance(e, str) and (e in self.seed.path(m.scope) or (e not in self.seed.scopes and len(self.seed.placements(e)) > 1)):
                     body.append(e)
             out.append((m.new_role, tuple(body)))
@@ -272,7 +277,7 @@ class Variants:
     def _rebuild(self, key: BodyKey, pipe_of: dict[str, str], producer: dict[str, str], moves: Sequence[Movable], stage: dict[str, int]) -> tuple[Instr, ...] | str:
         scope, role = key
         seed_body = self.seed.body(scope, role)
-        moved_here = {m.op for m in moves if (m.scope, m.role) == key}
+        moved_here = {op for m in moves if (m.scope, m.role) == key for op in m.ops}
         syncs = [i for i in seed_body if isinstance(i, Sync)]
         if not moved_here and all(self.seed.keeps(i.pipeline, pipe_of) and stage[i.pipeline] == i.stage for i in syncs):
             return seed_body  # the seed's own spans at the seed's stages: its body, unchanged

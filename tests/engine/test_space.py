@@ -22,7 +22,7 @@ from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
 from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, mma_reason, register_reason, spill_reason, wgmma_partition
-from ws_tuner.space import MERGED, SEPARATE, Point, SpaceConfig
+from ws_tuner.space import MERGED, SEED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -537,6 +537,47 @@ def test_an_epilogue_can_get_a_role_of_its_own(seeds):
     verify(task, cand)
     # Its buffer is now versioned: shared memory counts it once per stage.
     assert space.candidate(Point(params, "2xWG+warp@last", MERGED, (5, 3), (), (232, 40, 40), ("store_out",))).startswith("smem:")
+
+
+def test_gathers_left_with_the_consumers_can_get_a_producer_of_their_own(data_dir):
+    """Sparse MLA gathers its keys and their rotary tails element by element, by index;
+    role_based leaves such loads with the consumers (a one-warp Load role would serialize
+    them), so its seed pipelines only Q, loaded once. ws-tune moves both gathers into the
+    Load role (a warpgroup where producers take warpgroups), which feeds the consumers
+    through one new pipeline, waited for before the first MMA that reads it and released
+    after the last; the candidates verify, the pipeline's depth is varied and priced. The
+    mask the consumers compute from the indices stays with them."""
+    task = task_of(data_dir / "sparse_mla.py", "batch=1,seq=1024,seq_kv=2048")
+    space = task.space()
+    params = next(p for p in space.param_points() if dict(p)["block_I"] == 64 and dict(p)["num_stages"] == 1)
+    shape = space.shape(params)
+    seed = space.seed_candidate(params).schedule
+    assert [p.name for p in seed.pipelines] == ["Q_shared"]  # the premise: the gathers stay with the Worker
+    [move] = shape.analysis.movable
+    assert move.feeds and move.buffers == ("KV_shared", "K_tail_shared") and len(move.ops) == 2
+    access = shape.analysis.access
+    # loads from global memory only (the query's position, a let-bound scalar, in the index)
+    assert all(access(op).writes == {b} and access(op).reads == {"$s_i"} for op, b in zip(move.ops, move.buffers))
+
+    def moved(depth: int):
+        plan = shape.plan(SEED, (move.op,))
+        depths = tuple(depth if name == move.pipeline else 1 for name in plan.varied)
+        return space.candidate(Point(params, "2xWG+warpgroup@first", SEED, depths, (), (0,) * len(plan.roles), (move.op,)))
+
+    cand = moved(2)
+    assert move.new_role == "Load" and [r.name for r in cand.schedule.roles] == ["Worker", "Load"]
+    load = cand.schedule.role("Load")
+    assert load.warp_hi - load.warp_lo == 4 and cand.schedule.num_warps == 12  # a warpgroup of gatherers, 384 threads
+    loop = next(s for s in cand.schedule.scopes if s.id.startswith("loop"))
+    assert loop.body("Load") == (Sync("PRODUCER_ACQUIRE", move.pipeline), *move.ops, Sync("PRODUCER_COMMIT", move.pipeline))
+    root = next(s for s in cand.schedule.scopes if s.id == ROOT_SCOPE)
+    assert root.body("Load")[-1] == loop.id and "tl_tileop_copy_0" in root.body("Load")  # Q first, then the loop's gathers
+    worker = loop.body("Worker")
+    gemms = [i for i, e in enumerate(worker) if isinstance(e, str) and e.startswith("tl_tileop_gemm")]
+    assert worker.index(Sync("CONSUMER_WAIT", move.pipeline)) < gemms[0] and worker.index(Sync("CONSUMER_RELEASE", move.pipeline)) > gemms[-1]
+    assert not set(move.ops) & set(worker) and "parallel_0" in worker  # the mask stays with the consumers
+    verify(task, cand)
+    assert moved(5).startswith("smem:")  # five stages of 72 KB of keys do not fit
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
