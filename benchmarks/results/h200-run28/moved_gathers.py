@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from triton.testing import do_bench
 
 from ws_tuner import compiler
