@@ -250,7 +250,14 @@ class SeedShape:
         light = [r for r in self.seed.roles if r.name not in self.analysis.heavy]
         return ("warpgroup", "warp") if len(light) > 1 else ("warpgroup",)
 
-    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup") -> list[Point]:
+    def lowering_moves(self) -> tuple[tuple[str, ...], ...]:
+        """The moves of the lowering starts: none, and, where the seed leaves loads with its
+        consumers (element-wise gathers), those loads given to the producer, as tilelang's
+        default lowering gives a producer warpgroup every load it can issue."""
+        feeds = tuple(m.op for m in self.analysis.movable if m.feeds) if self.config.own_roles else ()
+        return ((), feeds) if feeds else ((),)
+
+    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup", moved: tuple[str, ...] = ()) -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
         warpgroup (or the light roles packed as ``packing`` says: ``lowering_packings``),
@@ -258,25 +265,29 @@ class SeedShape:
         released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
         largest that the register rules allow is the lowering's), then no budgets at all.
-        A search seeded only by role_based's guess may not come near it (5x slower seeds
+        With ``moved`` loads, their new pipeline is double-buffered and no budgets come
+        first: register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than
+        without budgets (sparse MLA's gathers, H200 run 28). A search seeded only by role_based's guess may not come near it (5x slower seeds
         seen where role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
         if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy):
             return []
-        plan = self.plan(layout)
+        plan = self.plan(layout, moved)
         if plan.infeasible:
             return []
         depth = {b: p.depth for p in self.seed.pipelines for b in p.buffers}
+        depth.update({b: 2 for m in self.analysis.movable if m.op in moved for b in m.buffers})
         buffers = {p.name: p.buffers for p in plan.pipelines}
         depths = tuple(max((depth[b] for b in buffers[name] if b in depth), default=1) for name in plan.varied)
         stages = self.variants.seed_stages(plan)
         light = min((n for n in self.config.producer_nreg if n), default=0)
         budgets = [(nreg, light) for nreg in sorted(self.config.consumer_nreg, reverse=True)]
         if 0 in self.config.producer_nreg and 0 in self.config.consumer_nreg:
-            budgets.append((0, 0))  # no setmaxnreg: where the rules allow no budget (8 warps)
-        return [Point(params, label, layout, depths, stages, tuple(heavy_nreg if r in self.analysis.heavy else light_nreg for r in plan.roles))
+            unbudgeted = (0, 0)  # no setmaxnreg: where the rules allow no budget (8 warps)
+            budgets = [unbudgeted, *budgets] if moved else [*budgets, unbudgeted]
+        return [Point(params, label, layout, depths, stages, tuple(heavy_nreg if r in self.analysis.heavy else light_nreg for r in plan.roles), moved)
                 for heavy_nreg, light_nreg in budgets]  # fmt: skip
 
     @staticmethod

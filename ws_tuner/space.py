@@ -286,18 +286,18 @@ class ScheduleSpace:
         ``SeedShape.lowering_packings``, each schedule once."""
         shape = self.shape(params)
         found: dict[str, Candidate] = {}
-        ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings())
-        for layout, packing in ways:
-            cand = self.lowering_candidate(params, layout, packing)
+        ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings(), shape.lowering_moves())
+        for layout, packing, moved in ways:
+            cand = self.lowering_candidate(params, layout, packing, moved)
             if cand is not None:
                 found.setdefault(cand.hash, cand)
         return list(found.values())
 
-    def lowering_candidate(self, params: ParamsKey, layout: str, packing: str = "warpgroup") -> Candidate | None:
-        """That structure in one pipeline layout and packing (``SeedShape.lowering_points``):
+    def lowering_candidate(self, params: ParamsKey, layout: str, packing: str = "warpgroup", moved: tuple[str, ...] = ()) -> Candidate | None:
+        """That structure in one pipeline layout, packing and moves (``SeedShape.lowering_points``):
         the first of its points that no rule prunes, or None."""
         shape = self.shape(params)
-        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout, packing)
+        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout, packing, moved)
         return next((c for c in map(self.candidate, points) if isinstance(c, Candidate)), None)
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:

@@ -578,6 +578,10 @@ def test_gathers_left_with_the_consumers_can_get_a_producer_of_their_own(data_di
     assert not set(move.ops) & set(worker) and "parallel_0" in worker  # the mask stays with the consumers
     verify(task, cand)
     assert moved(5).startswith("smem:")  # five stages of 72 KB of keys do not fit
+    # The lowering starts hold it too (double-buffered, no register budgets): the tuner measures it first
+    starts = [c.schedule for c in space.lowering_candidates(params)]
+    assert len(starts) == 2 and [p.name for p in starts[0].pipelines] == ["Q_shared"]
+    assert starts[1].pipeline(move.pipeline).depth == 2 and all(r.max_nreg == 0 for r in starts[1].roles) and starts[1].role("Load").warp_lo == 0
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
