@@ -40,13 +40,14 @@ Channel = tuple[str, "str | None", "str | None"]  # (loop scope, producer role, 
 
 @dataclass(frozen=True)
 class Movable:
-    """An op that can run in a role of its own: it reads shared buffers that
-    only its role writes before it, in the same loop body, and writes no
-    on-chip buffer (a store to global memory); or (``feeds``) it writes shared
-    buffers that only its role reads after it there, and reads no on-chip
-    buffer (a load from global memory). The buffers pass between the two roles
-    through a new pipeline; the new role replays the loop-control ops the seed
-    already runs in several roles."""
+    """An op that can leave its role: it reads shared buffers that only its role
+    writes before it, in the same loop body, and writes no on-chip buffer (a
+    store to global memory: it moves to a role of its own); or (``feeds``) it
+    writes shared buffers that only its role reads after it there, and reads no
+    on-chip buffer (a load from global memory: it moves to the Load role, or a
+    role of its own where the seed has none). The buffers pass between the two
+    roles through a new pipeline; the receiving role replays the loop-control
+    ops the seed already runs in several roles."""
 
     ops: tuple[str, ...]  # the first names the move; a body's loads move together, to one producer
     role: str  # the role that places it in the seed

@@ -267,8 +267,9 @@ class SeedShape:
         largest that the register rules allow is the lowering's), then no budgets at all.
         With ``moved`` loads, their new pipeline is double-buffered and no budgets come
         first: register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than
-        without budgets (sparse MLA's gathers, H200 run 28). A search seeded only by role_based's guess may not come near it (5x slower seeds
-        seen where role_based's budget spills). Empty where the space cannot express it."""
+        without budgets (sparse MLA's gathers, H200 run 28). A search seeded only by
+        role_based's guess may not come near it (5x slower seeds seen where role_based's
+        budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
