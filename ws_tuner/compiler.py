@@ -181,21 +181,31 @@ def _set_annotation(func: Any, value: Any | None) -> Any:
     if target_block is None:
         raise CompilerError("kernel has no tilelang_root block to attach a schedule to (is it a T.Kernel?)")
 
-    def post(stmt: Any) -> Any:
-        if not stmt.same_as(target_block):
-            return None
-        ann = {k: v for k, v in stmt.annotations.items() if k != WS_ANNOTATION}
-        if value is not None:
-            ann[WS_ANNOTATION] = value
-        return _block_with(stmt, annotations=ann)
-
-    return func.with_body(stmt_functor.ir_transform(func.body, None, post, ["tirx.SBlock"]))
+    ann = {k: v for k, v in target_block.annotations.items() if k != WS_ANNOTATION}
+    if value is not None:
+        ann[WS_ANNOTATION] = value
+    return _with_block(func, target_block, annotations=ann)
 
 
 def _block_with(block: Any, **fields: Any) -> Any:
     """``block`` with some of its fields replaced (TVM nodes are immutable)."""
     names = ("iter_vars", "reads", "writes", "name_hint", "body", "init", "alloc_buffers", "match_buffers", "annotations")
     return tvm.tirx.SBlock(**{name: fields.get(name, getattr(block, name)) for name in names})
+
+
+def _with_block(func: Any, block: Any, **fields: Any) -> Any:
+    """``func`` with ``block``, one of its blocks, given some fields anew (``_block_with``)."""
+    replaced = _block_with(block, **fields)
+    return func.with_body(stmt_functor.ir_transform(func.body, None, lambda s: replaced if s.same_as(block) else None, ["tirx.SBlock"]))
+
+
+def _writes_whole(region: Any, buf: Any) -> bool:
+    """Whether a tile op's region argument writes all of ``buf``, a buffer of static shape."""
+    shape = [getattr(d, "value", None) for d in buf.shape]
+    return (
+        int(region.args[1]) == 2 and None not in shape and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in region.args[0].indices)
+        and [getattr(e, "value", None) for e in region.args[2:]] == shape
+    )  # fmt: skip
 
 
 def own_schedule(func: Any) -> Schedule | None:
@@ -502,11 +512,7 @@ def _first_access(stmt: Any, buf: Any) -> str | None:
         return "use"
     regions = [a for a in call.args if _is_region(a) and a.args[0].buffer.same_as(buf)]
     rest = [a for a in call.args if not any(a.same_as(r) for r in regions)]
-    whole = all(
-        int(r.args[1]) == 2 and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in r.args[0].indices)
-        and [getattr(e, "value", None) for e in r.args[2:]] == [int(d) for d in buf.shape]
-        for r in regions
-    )  # fmt: skip
+    whole = all(_writes_whole(r, buf) for r in regions)
     touched_elsewhere = any(buf.data in _referenced_vars(tvm.tirx.Evaluate(a)) for a in rest if isinstance(a, tvm.ir.PrimExpr))
     return "kill" if regions and whole and not touched_elsewhere else "use"
 
@@ -617,9 +623,7 @@ def _unstage_inputs(func: Any) -> Any:
             continue
         body = tvm.tirx.SeqStmt([*top[:at], rest]) if at else rest
         kept = [b for b in block.alloc_buffers if not b.same_as(buf)]
-        replaced = _block_with(block, body=body, alloc_buffers=kept)
-        func = func.with_body(stmt_functor.ir_transform(func.body, None, lambda s: replaced if s.same_as(block) else None, ["tirx.SBlock"]))
-        return _unstage_inputs(func)  # the next one, in the new body
+        return _unstage_inputs(_with_block(func, block, body=body, alloc_buffers=kept))  # the next one, in the new body
     return func
 
 
@@ -651,12 +655,10 @@ def _staged_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
     buf = dst.args[0].buffer
     if src.args[0].buffer.data not in read_only or not buf.scope().startswith("local"):
         return None
-    shape = [getattr(d, "value", None) for d in buf.shape]
-    extents = [getattr(e, "value", None) for e in src.args[2:]]
-    whole = None not in shape and shape == [getattr(e, "value", None) for e in dst.args[2:]]
-    if not whole or not all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in dst.args[0].indices):
+    if not _writes_whole(dst, buf):
         return None
-    if [e for e in extents if e != 1] != [d for d in shape if d != 1]:
+    extents = [getattr(e, "value", None) for e in src.args[2:]]
+    if [e for e in extents if e != 1] != [d for d in (int(d) for d in buf.shape) if d != 1]:
         return None
     return src, buf
 
