@@ -499,14 +499,18 @@ def _split_reuse(func: Any) -> Any:
 
 def _first_access(stmt: Any, buf: Any) -> str | None:
     """How ``stmt`` first touches ``buf`` on every run of it: None (not at all), "kill" (a
-    tile op that writes all of it and reads none), or "use"."""
+    tile op that writes all of it and reads none), or "use". Each statement is visited
+    once: a sequence or loop asks its parts, and only a leaf is searched for the buffer."""
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return next((a for s in stmt.seq if (a := _first_access(s, buf))), None)
+    if isinstance(stmt, tvm.tirx.For):
+        if buf.data in _referenced_vars(tvm.tirx.Evaluate(stmt.min)) | _referenced_vars(tvm.tirx.Evaluate(stmt.extent)):
+            return "use"
+        first = _first_access(stmt.body, buf)
+        runs = isinstance(stmt.extent, tvm.tirx.IntImm) and stmt.extent.value > 0 and stmt.kind in (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
+        return first if runs or first is None else "use"
     if buf.data not in _referenced_vars(stmt):
         return None
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        return next(a for s in stmt.seq if (a := _first_access(s, buf)))
-    if isinstance(stmt, tvm.tirx.For):
-        runs = isinstance(stmt.extent, tvm.tirx.IntImm) and stmt.extent.value > 0 and stmt.kind in (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
-        return _first_access(stmt.body, buf) if runs else "use"
     call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
     if not isinstance(call, tvm.tirx.Call) or not getattr(call.op, "name", "").startswith("tl.tileop."):
         return "use"

@@ -66,7 +66,11 @@ class Runner(abc.ABC):
 
 
 class LocalRunner(Runner):
-    """One isolated worker process on one local GPU."""
+    """One isolated worker process on one local GPU.
+
+    Between candidates the worker keeps the GPU loaded for ``gpu.KEEP_WARM_S`` so that
+    the next one is timed at a steady clock: time nothing else on that GPU while the
+    runner lives (close it first; run 28's do_bench read 2.2x low beside it)."""
 
     def __init__(self, gpu: int = 0):
         self.gpu = gpu

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_cli import ws_tune
 
 from ws_tuner.kernel import KernelFileError, load_kernel
 
@@ -46,8 +47,6 @@ def test_outputs_that_name_an_input_are_one_line_and_exit_2(tmp_path, data_dir):
     (the last argument) names the sinks, which the correctness check fills with NaN, and
     every lowering, tilelang's own included, reads WRONG (as on the H200, run 27). The
     kernel never writes them: ws-tune says so before building anything."""
-    from test_cli import ws_tune
-
     source = (data_dir / "sink_attn.py").read_text()
     assert "OUTPUTS = [3]" in source
     bad = tmp_path / "sink_no_outputs.py"

@@ -37,7 +37,7 @@ def main() -> None:
         for move in shape.analysis.movable:
             plan = shape.plan(SEED, (move.op,))
             for depth in (1, 2):
-                for nregs in ((232, 40), (0, 0)):
+                for nregs in ((232, 40), (216, 80), (200, 112), (0, 0)):  # the gathers want more than a TMA producer's budget
                     depths = tuple(depth if name == move.pipeline else 1 for name in plan.varied)
                     for split in ("2xWG+warpgroup@first", "2xWG+warpgroup@last", "2xWG+warp@first"):
                         c = space.candidate(Point(params, split, SEED, depths, (), nregs, (move.op,)))
