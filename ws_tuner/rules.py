@@ -3,9 +3,9 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 
 - ``register_reason``: setmaxnreg budgets agree within a warpgroup, stay
   under ptxas' cap, move the way tilelang's instruction moves them (see
-  ``launch_registers`` and ``raises_budget``), and fit the 64K-register pool (the sum over
-  warpgroups of max_nreg x 128 threads; a warpgroup without a budget keeps
-  the launch's share);
+  ``launch_registers`` and ``raises_budget``), and fit the block's register pool (the
+  sum over warps of max_nreg x 32 threads, within the launch's registers per thread x
+  threads; a warp without a budget keeps its launch share);
 - ``mma_reason``: each role's warps can split the accumulators its MMAs
   write, as tilelang's warp partition must, and split rows only where one
   MMA's accumulator feeds another's register operand;
@@ -162,9 +162,11 @@ def register_reason(schedule: Schedule) -> str | None:
             return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if up else 'lowered'} (setmaxnreg."
                     f"{'inc' if up else 'dec'}, {'at or above' if up else 'below'} the mean budget {mean}) from the "
                     f"{start} registers per thread it starts with")  # fmt: skip
-    # The pool: a warpgroup without a budget (or without a role) keeps its launch share.
-    default = REGISTER_FILE // schedule.threads
-    budget = sum(budgets.get(wg, 0) or default for wg in range(groups)) * WARPS_PER_GROUP * THREADS_PER_WARP
-    if budget > REGISTER_FILE:
-        return f"registers: sum of nreg x threads = {budget} > {REGISTER_FILE}"
+    # The pool is what the block launched with, not the register file: setmaxnreg.inc waits
+    # for registers that .dec has freed, so budgets over it hang (at 384 threads, 168 x 384
+    # = 64512; 216/216/80 hung on the H200, run 29). A warp without a budget keeps its share.
+    pool = start * schedule.threads
+    budget = sum(budgets.get(warp // WARPS_PER_GROUP, 0) or start for warp in range(schedule.num_warps)) * THREADS_PER_WARP
+    if budget > pool:
+        return f"registers: sum of nreg x threads = {budget} > the {pool} the block launches with ({schedule.threads} threads x {start})"
     return None
