@@ -310,7 +310,10 @@ def _evaluate(run_input: Any, bench: CudaBench, task: Any, launch: Callable[[lis
     info.update(stats.info(), **comparison.info())
     if anchor is not None:
         info.update(anchor=run_input.anchor.hash, anchor_ms=round(comparison.stats[ANCHOR].median_ms, 6))
-    return _result(task, candidate, stats, info, ratio=stats.ratio if anchor is not None else None)
+    # The anchor beside itself is 1.0, not unknown: without a ratio it and every baseline that
+    # compiles to its code stayed out of the final tournament (run 29: role_based unconfirmed).
+    itself = run_input.anchor is not None and run_input.anchor.hash == candidate.hash
+    return _result(task, candidate, stats, info, ratio=stats.ratio if anchor is not None else 1.0 if itself else None)
 
 
 def _anchor(run_input: Any) -> Callable[[list[Any]], Any] | None:

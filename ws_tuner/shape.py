@@ -53,6 +53,10 @@ class SpaceConfig:
     # is then the only choice, and at 8 warps (a thread starts with 248) the only one.
     producer_nreg: tuple[int, ...] = (0, 24, 40, 56)
     consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
+    # Added to a light role's choices where it gathers moved loads through registers
+    # (Movable.feeds): sparse MLA's Load warpgroup ran 317-337 TFLOP/s at 72-136, 177 at
+    # 40, 309 without budgets (H200 run 29).
+    loader_nreg: tuple[int, ...] = (72, 104, 136)
     own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
 
@@ -70,7 +74,7 @@ class SpaceConfig:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
 
     def __post_init__(self) -> None:
-        for n in self.producer_nreg + self.consumer_nreg:
+        for n in self.producer_nreg + self.consumer_nreg + self.loader_nreg:
             if n and (n % 8 or not 24 <= n <= 256):
                 raise ValueError(f"setmaxnreg budgets are 0 or multiples of 8 in [24, 256], got {n}")
         if not self.depths or min(self.depths) < 1:
@@ -188,8 +192,20 @@ class SeedShape:
     def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
         return self.variants.plan(layout, moved)
 
-    def nreg_choices(self, role: str) -> tuple[int, ...]:
-        return self.config.consumer_nreg if role in self.analysis.heavy else self.config.producer_nreg
+    def nreg_decision(self, role: str, plan: Plan) -> tuple[str, tuple[int, ...]]:
+        """The name of a role's budget decision in ``plan`` and its choices. A role that
+        gathers moved loads also takes ``loader_nreg``, under a name of its own: a name
+        keeps one list of choices (Optuna refuses a categorical whose choices change)."""
+        c = self.config
+        if role in self.analysis.heavy:
+            return f"nreg.{role}", c.consumer_nreg
+        if role in self.gatherers(plan):
+            return f"nreg.{role}.gathers", c.producer_nreg + c.loader_nreg
+        return f"nreg.{role}", c.producer_nreg
+
+    def gatherers(self, plan: Plan) -> frozenset[str]:
+        """The roles that take moved loads in ``plan`` (and stage them through registers)."""
+        return frozenset(m.new_role for m in self.analysis.movable if m.feeds and m.op in plan.moved)
 
     def _splits(self) -> dict[str, Split | None]:
         c, heavy = self.config, self.analysis.heavy
@@ -265,9 +281,10 @@ class SeedShape:
         released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
         largest that the register rules allow is the lowering's), then no budgets at all.
-        With ``moved`` loads, their new pipeline is double-buffered and no budgets come
-        first: register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than
-        without budgets (sparse MLA's gathers, H200 run 28). A search seeded only by
+        With ``moved`` loads, their new pipeline is double-buffered and the role that
+        gathers them takes the largest ``loader_nreg`` that fits first, then no budgets:
+        register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than without
+        budgets, and 1.09x faster at 136 (sparse MLA's gathers, H200 runs 28-29). A search seeded only by
         role_based's guess may not come near it (5x slower seeds seen where role_based's
         budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
@@ -283,13 +300,21 @@ class SeedShape:
         buffers = {p.name: p.buffers for p in plan.pipelines}
         depths = tuple(max((depth[b] for b in buffers[name] if b in depth), default=1) for name in plan.varied)
         stages = self.variants.seed_stages(plan)
-        light = min((n for n in self.config.producer_nreg if n), default=0)
-        budgets = [(nreg, light) for nreg in sorted(self.config.consumer_nreg, reverse=True)]
-        if 0 in self.config.producer_nreg and 0 in self.config.consumer_nreg:
-            unbudgeted = (0, 0)  # no setmaxnreg: where the rules allow no budget (8 warps)
+        c = self.config
+        light = min((n for n in c.producer_nreg if n), default=0)
+        consumers = sorted(c.consumer_nreg, reverse=True)
+        budgets = [(nreg, light, light) for nreg in consumers]  # (consumers, gatherers, other light roles)
+        if 0 in c.producer_nreg and 0 in c.consumer_nreg:
+            unbudgeted = (0, 0, 0)  # no setmaxnreg: where the rules allow no budget (8 warps)
             budgets = [unbudgeted, *budgets] if moved else [*budgets, unbudgeted]
-        return [Point(params, label, layout, depths, stages, tuple(heavy_nreg if r in self.analysis.heavy else light_nreg for r in plan.roles), moved)
-                for heavy_nreg, light_nreg in budgets]  # fmt: skip
+        if moved:
+            budgets = [(nreg, loader, light) for loader in sorted(c.loader_nreg, reverse=True) for nreg in consumers if nreg] + budgets
+        gatherers = self.gatherers(plan)
+
+        def nreg(role: str, budget: tuple[int, int, int]) -> int:
+            return budget[0] if role in self.analysis.heavy else budget[1] if role in gatherers else budget[2]
+
+        return [Point(params, label, layout, depths, stages, tuple(nreg(r, b) for r in plan.roles), moved) for b in budgets]
 
     @staticmethod
     def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:

@@ -208,7 +208,7 @@ class ScheduleSpace:
             yield tuple(op for op, on in zip(ops, flags) if on)
 
     def _nreg_choices(self, shape: SeedShape, plan: Plan) -> Iterator[tuple[int, ...]]:
-        return itertools.product(*(shape.nreg_choices(r) for r in plan.roles))
+        return itertools.product(*(shape.nreg_decision(r, plan)[1] for r in plan.roles))
 
     def _role_survivors(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...], count: SpaceCount) -> tuple[tuple, int]:
         """The (split, nregs) pairs that survive, the prune tallies of one pass over
@@ -377,7 +377,7 @@ class ScheduleSpace:
         assert not isinstance(shape, str)
         plan = shape.plan(point.layout, point.moved)
         out: dict[str, Any] = {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
-        out.update({f"nreg.{r}": n for r, n in zip(plan.roles, point.nregs)})
+        out.update({shape.nreg_decision(r, plan)[0]: n for r, n in zip(plan.roles, point.nregs)})
         stages = iter(point.stages)
         for choice in plan.stage_choices:
             out[choice.name] = choice.label(tuple(next(stages) for _ in choice.groups))
@@ -410,7 +410,7 @@ class ScheduleSpace:
             for choice in plan.stage_choices:
                 by_label = {choice.label(o): o for o in choice.options}
                 stages += by_label[choose(choice.name, tuple(by_label))]
-            nregs = tuple(choose(f"nreg.{r}", shape.nreg_choices(r)) for r in plan.roles)
+            nregs = tuple(choose(*shape.nreg_decision(r, plan)) for r in plan.roles)
         return Point(params, roles, layout, depths, stages, nregs, moved)
 
     # --- static rules -------------------------------------------------------

@@ -584,10 +584,20 @@ def test_gathers_left_with_the_consumers_can_get_a_producer_of_their_own(data_di
     assert not set(move.ops) & set(worker) and "parallel_0" in worker  # the mask stays with the consumers
     verify(task, cand)
     assert moved(5).startswith("smem:")  # five stages of 72 KB of keys do not fit
-    # The lowering starts hold it too (double-buffered, no register budgets): the tuner measures it first
+    # The gathering Load role's budgets reach past a TMA producer's, under a decision name of its own (a
+    # categorical keeps one list of choices); the seed's plan keeps the producer's list.
+    plan = shape.plan(SEED, (move.op,))
+    assert shape.nreg_decision("Load", plan) == ("nreg.Load.gathers", (0, 24, 40, 56, 72, 104, 136))
+    assert shape.nreg_decision("Load", shape.plan(SEED)) == ("nreg.Load", (0, 24, 40, 56))
+    decided = space.decisions(Point(params, "2xWG+warpgroup@first", SEED, (2,) * len(plan.varied), (), (184, 136), (move.op,)))
+    assert decided["nreg.Load.gathers"] == 136 and "nreg.Load" not in decided
+    # The lowering starts hold it too, double-buffered, the gatherers at the largest budget that fits beside
+    # the consumers' (184 + 184 + 136 of the 504 a thread of each of three warpgroups launches with)
     starts = [c.schedule for c in space.lowering_candidates(params)]
     assert len(starts) == 2 and [p.name for p in starts[0].pipelines] == ["Q_shared"]
-    assert starts[1].pipeline(move.pipeline).depth == 2 and all(r.max_nreg == 0 for r in starts[1].roles) and starts[1].role("Load").warp_lo == 0
+    assert starts[1].pipeline(move.pipeline).depth == 2 and starts[1].role("Load").warp_lo == 0
+    assert (starts[1].role("Worker").max_nreg, starts[1].role("Load").max_nreg) == (184, 136)
+    assert "registers:" in space.candidate(Point(params, "2xWG+warpgroup@first", SEED, (2,) * len(plan.varied), (), (208, 136), (move.op,)))
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):

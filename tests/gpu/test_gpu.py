@@ -104,6 +104,9 @@ def test_ratio_to_the_anchor_survives_an_idle_gap(runner, example_path):
     assert warm.status is Status.OK and cold.status is Status.OK
     assert warm.info["anchor"] == ref.hash and warm.info["anchor_ms"] > 0
     assert abs(warm.ratio / cold.ratio - 1) < 0.03
+    # The anchor measured as a candidate is 1.0 beside itself (the tournament leaves out a ratio of None)
+    itself = runner.submit(run_input(example_path, {"M": 8192, "N": 8192, "K": 8192}, ref, anchor=ref)).result()
+    assert itself.status is Status.OK and itself.ratio == 1.0
 
 
 def test_tournament_confirms_with_a_tight_interval(runner, example_path):
