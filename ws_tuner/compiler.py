@@ -608,8 +608,7 @@ def _unstage_inputs(func: Any) -> Any:
     block = _annotated_block(func)
     if block is None:
         return func
-    params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
-    read_only = {b.data for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
+    read_only = _read_only_inputs(func)
     top = list(block.body.seq) if isinstance(block.body, tvm.tirx.SeqStmt) else [block.body]
     steering = _steering_loads(block.body)
     for at, stmt in enumerate(top):
@@ -629,6 +628,56 @@ def _unstage_inputs(func: Any) -> Any:
         kept = [b for b in block.alloc_buffers if not b.same_as(buf)]
         return _unstage_inputs(_with_block(func, block, body=body, alloc_buffers=kept))  # the next one, in the new body
     return func
+
+
+# role_based keeps a load into registers with the MMA that reads it: the consumers wait on
+# global memory every iteration and no producer prefetches it (tilelang's fused-MoE example
+# reads its token rows straight into the MMA's register operand). A fragment that copies of
+# an input fill whole and that MMAs only read as their first operand serves them as well
+# from shared memory, as a GEMM's operands are: it becomes a shared buffer, which a
+# producer loads and a pipeline versions. Anything else touching it keeps it as written.
+_OPERAND_READERS = frozenset({"tl.tileop.gemm", "tl.tileop.wgmma_gemm"})
+
+
+def _stage_operands(func: Any) -> Any:
+    original = block = _annotated_block(func)
+    if block is None:
+        return func
+    read_only = _read_only_inputs(func)
+    allocs = list(block.alloc_buffers)
+    for i, buf in enumerate(allocs):
+        if buf.scope() == "local.fragment" and _only_an_operand(block.body, buf, read_only):
+            allocs[i] = tvm.tirx.decl_buffer(buf.shape, buf.dtype, buf.name, scope="shared.dyn")
+            block = _block_with(block, body=_rebuffer(block.body, buf, allocs[i]), alloc_buffers=allocs)
+    return func if block.same_as(original) else _with_block(func, original, body=block.body, alloc_buffers=allocs)
+
+
+def _read_only_inputs(func: Any) -> set[Any]:
+    """The data variables of the kernel's buffer parameters that it never writes."""
+    params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
+    return {b.data for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
+
+
+def _only_an_operand(body: Any, buf: Any, read_only: set[Any]) -> bool:
+    """Whether every access to ``buf`` is a copy of a read-only input into all of it or an
+    MMA reading it as its first operand, and there is at least one of each."""
+    accesses, copies, reads = 0, 0, 0
+
+    def visit(node: Any) -> None:
+        nonlocal accesses, copies, reads
+        if isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)) and node.buffer.same_as(buf) or (isinstance(node, tvm.tirx.Var) and node.same_as(buf.data)):
+            accesses += 1
+        call = node.value if isinstance(node, tvm.tirx.Evaluate) else None
+        name = getattr(getattr(call, "op", None), "name", "")
+        if name == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2]):
+            src, dst = call.args[0], call.args[1]
+            if dst.args[0].buffer.same_as(buf) and _writes_whole(dst, buf) and src.args[0].buffer.data in read_only:
+                copies += 1
+        elif name in _OPERAND_READERS and call.args and _is_region(call.args[0]) and call.args[0].args[0].buffer.same_as(buf):
+            reads += 1
+
+    stmt_functor.post_order_visit(body, visit)
+    return copies > 0 and reads > 0 and accesses == copies + reads  # each region holds one load of its buffer
 
 
 def _steering_loads(stmt: Any) -> set[Any]:
@@ -688,7 +737,7 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
 # dead loops out, register copies of inputs read in place, reused buffers split, else
 # branches as guards, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _split_reuse, _split_else, _stand_in_atomics)
+_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _split_else, _stand_in_atomics)
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

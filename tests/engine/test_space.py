@@ -1002,6 +1002,34 @@ def test_a_loop_that_runs_no_trips_is_not_scheduled(data_dir, tmp_path, monkeypa
     assert compiler.compile_kernel(compiler.attach(prepared, seed)).get_kernel_source().count("AtomicAdd") >= 1
 
 
+def test_an_mma_operand_loaded_into_registers_is_staged_through_shared_memory(data_dir, tmp_path):
+    """tilelang's fused-MoE example reads each block's token rows of X straight into a
+    fragment, the first operand of both projections' MMAs; role_based leaves that load with
+    the consumers, so it is never prefetched. A fragment that only copies of an input fill
+    and only MMAs read as their first operand becomes a shared buffer: the seed's Load role
+    loads it through a pipeline of its own, waited for before the first MMA and released
+    after the last, and the seed and the space's candidates verify. Touched by anything
+    else (here the rows scaled in registers), it stays a fragment with the consumers."""
+    shape = "E=4,tokens=256,hidden=512,expert=256"
+    params = {"block_token": 64, "block_expert": 64, "block_hidden": 64, "threads": 128, "num_stages": 2}
+    task = task_of(data_dir / "fused_moe.py", shape)
+    prepared, seed = compiler.prepare(task.primfunc(params))
+    assert 'input_shared = T.sblock_alloc_buffer((64, 64), "float16", scope="shared.dyn")' in prepared.script()
+    loop = next(scope for scope in seed.scopes if scope.id.startswith("loop"))
+    load, worker = loop.body("Load"), loop.body("Worker")
+    assert "tl_tileop_copy_0" in load and "tl_tileop_copy_0" not in worker
+    assert worker.index(Sync("CONSUMER_WAIT", "input_shared")) < worker.index("tl_tileop_gemm_0") < worker.index("tl_tileop_gemm_1") < worker.index(Sync("CONSUMER_RELEASE", "input_shared"))
+    verify_seed_and_candidates(task, prepared, seed)
+
+    load_x = "                T.copy(X[m_start : m_start + block_token, k * block_hidden : (k + 1) * block_hidden], input_shared)\n"
+    scaled = load_x + "                for i, j in T.Parallel(block_token, block_hidden):\n                    input_shared[i, j] = input_shared[i, j] * 2\n"
+    path = edited(data_dir, tmp_path, "fused_moe.py", load_x, scaled)
+    prepared, seed = compiler.prepare(task_of(path, shape).primfunc(params))
+    loop = next(scope for scope in seed.scopes if scope.id.startswith("loop"))
+    assert "local.fragment" in prepared.script().split("input_shared = ")[1].split("\n")[0] and "tl_tileop_copy_0" in loop.body("Worker")
+    assert "input_shared" not in {p.name for p in seed.pipelines}
+
+
 def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir, tmp_path):
     """Block-sparse attention copies its row of the block mask into a fragment once and
     guards each key block's loads by it; role_based refuses (a producer warp cannot read

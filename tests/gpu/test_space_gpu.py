@@ -82,6 +82,9 @@ CASES = {
     "blocksparse_attn": (DATA / "blocksparse_attn.py", "batch=2,heads=8,seq=2048,topk=8", {}),
     "blocksparse_attn-dense": (DATA / "blocksparse_attn.py", "batch=2,heads=8,seq=2048,causal=0,topk=4", {}),
     "sparse_mla": (DATA / "sparse_mla.py", "batch=1,seq=512,seq_kv=1024,heads=128,topk=512", {}),
+    # Stop 33: fused MoE's gate and up projections (the token rows an MMA operand read into registers,
+    # staged through shared memory; experts of unequal sizes, rows masked at each expert's end).
+    "fused_moe": (DATA / "fused_moe.py", "E=4,tokens=512,hidden=1024,expert=512,skew=1", {}),
 }
 
 
