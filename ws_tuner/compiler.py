@@ -665,7 +665,7 @@ def _only_an_operand(body: Any, buf: Any, read_only: set[Any]) -> bool:
 
     def visit(node: Any) -> None:
         nonlocal accesses, copies, reads
-        if isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)) and node.buffer.same_as(buf) or (isinstance(node, tvm.tirx.Var) and node.same_as(buf.data)):
+        if (isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)) and node.buffer.same_as(buf)) or (isinstance(node, tvm.tirx.Var) and node.same_as(buf.data)):
             accesses += 1
         call = node.value if isinstance(node, tvm.tirx.Evaluate) else None
         name = getattr(getattr(call, "op", None), "name", "")
@@ -735,8 +735,8 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 
 
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
-# dead loops out, register copies of inputs read in place, reused buffers split, else
-# branches as guards, atomics as stand-ins.
+# dead loops out, register copies of inputs read in place, register MMA operands loaded
+# through shared memory, reused buffers split, else branches as guards, atomics as stand-ins.
 _FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _split_else, _stand_in_atomics)
 
 

@@ -284,9 +284,9 @@ class SeedShape:
         With ``moved`` loads, their new pipeline is double-buffered and the role that
         gathers them takes the largest ``loader_nreg`` that fits first, then no budgets:
         register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than without
-        budgets, and 1.09x faster at 136 (sparse MLA's gathers, H200 runs 28-29). A search seeded only by
-        role_based's guess may not come near it (5x slower seeds seen where role_based's
-        budget spills). Empty where the space cannot express it."""
+        budgets, and 1.09x faster at 136 (sparse MLA's gathers, H200 runs 28-29). A
+        search seeded only by role_based's guess may not come near it (5x slower seeds
+        seen where role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
