@@ -640,16 +640,16 @@ _OPERAND_READERS = frozenset({"tl.tileop.gemm", "tl.tileop.wgmma_gemm"})
 
 
 def _stage_operands(func: Any) -> Any:
-    original = block = _annotated_block(func)
+    block = _annotated_block(func)
     if block is None:
         return func
     read_only = _read_only_inputs(func)
-    allocs = list(block.alloc_buffers)
+    body, allocs = block.body, list(block.alloc_buffers)
     for i, buf in enumerate(allocs):
-        if buf.scope() == "local.fragment" and _only_an_operand(block.body, buf, read_only):
+        if buf.scope() == "local.fragment" and _only_an_operand(body, buf, read_only):
             allocs[i] = tvm.tirx.decl_buffer(buf.shape, buf.dtype, buf.name, scope="shared.dyn")
-            block = _block_with(block, body=_rebuffer(block.body, buf, allocs[i]), alloc_buffers=allocs)
-    return func if block.same_as(original) else _with_block(func, original, body=block.body, alloc_buffers=allocs)
+            body = _rebuffer(body, buf, allocs[i])
+    return func if body.same_as(block.body) else _with_block(func, block, body=body, alloc_buffers=allocs)
 
 
 def _read_only_inputs(func: Any) -> set[Any]:
@@ -667,13 +667,11 @@ def _only_an_operand(body: Any, buf: Any, read_only: set[Any]) -> bool:
         nonlocal accesses, copies, reads
         if (isinstance(node, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore)) and node.buffer.same_as(buf)) or (isinstance(node, tvm.tirx.Var) and node.same_as(buf.data)):
             accesses += 1
+        copy = _input_copy(node, read_only)
         call = node.value if isinstance(node, tvm.tirx.Evaluate) else None
-        name = getattr(getattr(call, "op", None), "name", "")
-        if name == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2]):
-            src, dst = call.args[0], call.args[1]
-            if dst.args[0].buffer.same_as(buf) and _writes_whole(dst, buf) and src.args[0].buffer.data in read_only:
-                copies += 1
-        elif name in _OPERAND_READERS and call.args and _is_region(call.args[0]) and call.args[0].args[0].buffer.same_as(buf):
+        if copy is not None and copy[1].args[0].buffer.same_as(buf):
+            copies += 1
+        elif getattr(getattr(call, "op", None), "name", "") in _OPERAND_READERS and call.args and _is_region(call.args[0]) and call.args[0].args[0].buffer.same_as(buf):
             reads += 1
 
     stmt_functor.post_order_visit(body, visit)
@@ -696,19 +694,28 @@ def _steering_loads(stmt: Any) -> set[Any]:
     return {load.buffer.data for expr in exprs for load in _loads(expr)}
 
 
-def _staged_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
-    """(source region, destination buffer) when ``stmt`` copies a slice of a read-only
-    input into the whole of a register buffer, its other extents all 1."""
+def _input_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
+    """(source region, destination region) when ``stmt`` is a tile copy from a read-only
+    input into the whole of a buffer."""
     call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
     if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy"):
         return None
     if len(call.args) < 2 or not all(_is_region(a) for a in call.args[:2]):
         return None
     src, dst = call.args[0], call.args[1]
-    buf = dst.args[0].buffer
-    if src.args[0].buffer.data not in read_only or not buf.scope().startswith("local"):
+    if src.args[0].buffer.data not in read_only or not _writes_whole(dst, dst.args[0].buffer):
         return None
-    if not _writes_whole(dst, buf):
+    return src, dst
+
+
+def _staged_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
+    """(source region, destination buffer) when ``stmt`` copies a slice of a read-only
+    input into the whole of a register buffer, its other extents all 1."""
+    copy = _input_copy(stmt, read_only)
+    if copy is None:
+        return None
+    src, buf = copy[0], copy[1].args[0].buffer
+    if not buf.scope().startswith("local"):
         return None
     extents = [getattr(e, "value", None) for e in src.args[2:]]
     if [e for e in extents if e != 1] != [d for d in (int(d) for d in buf.shape) if d != 1]:
