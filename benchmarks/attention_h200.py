@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GRID = {"block_M": (128, 192), "block_N": (128,), "stages": (2,), "mma": ("sync", "async"), "consumers": ("cooperative",),
         "persistent": (False, True), "q_buffers": (1,), "store": ("consumer",), "exp": ("ftz",), "reduce": ("row", "lane")}  # fmt: skip
 COLUMNS = [("problem", "shape", None), ("SDPA best", "reference_tflops", "reference"), ("backend", "reference_vendor", None),
-           ("tilelang default", "default_tflops", "default"), ("role_based", "role_based_tflops", "role_based"),
+           ("tilelang default", "default_tflops", "default"), ("no WS", "no_ws_tflops", "no_ws"), ("role_based", "role_based_tflops", "role_based"),
            ("seed", "seed_tflops", "seed"), ("ws-tune", "ws_tune_tflops", "ws"), ("vs tilelang", "vs_tilelang", None),
            ("vs SDPA", "vs_reference", None), ("trials", "trials", None), ("WRONG", "wrong_fraction", None),
            ("cand/min", "candidates_per_min", None), ("winner", "winner", None)]  # fmt: skip

@@ -30,7 +30,7 @@ GRID = {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (0, 8
         "persistent": (False, True), "mma": ("sync", "async"), "split": ("square", "rows")}  # fmt: skip
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192", "8192x8192x1024", "2048x8192x8192")
 COLUMNS = [("shape", "shape", None), ("run", "run", None), ("cuBLAS", "reference_tflops", "reference"),
-           ("tilelang default", "default_tflops", "default"), ("role_based", "role_based_tflops", "role_based"),
+           ("tilelang default", "default_tflops", "default"), ("no WS", "no_ws_tflops", "no_ws"), ("role_based", "role_based_tflops", "role_based"),
            ("seed", "seed_tflops", "seed"), ("ws-tune", "ws_tune_tflops", "ws"), ("vs tilelang", "vs_tilelang", None),
            ("vs cuBLAS", "vs_reference", None), ("trials", "trials", None), ("shared", "shared", None),
            ("WRONG", "wrong_fraction", None), ("cand/min", "candidates_per_min", None), ("winner", "winner", None)]  # fmt: skip

@@ -26,7 +26,8 @@ from ws_tuner.store import open_store
 from ws_tuner.task import Task
 from ws_tuner.tune import TuneOptions, Tuner
 
-KINDS = ("ws", "seed", "default", "role_based", "reference")
+KINDS = ("ws", "seed", "default", "no_ws", "role_based", "reference")
+TILELANG = ("default", "no_ws", "role_based")  # tilelang's own lowerings
 
 
 def tune(task: Task, db: str, *, strategy: str, budget: int, jobs: int, seed: int, runner: LocalRunner,
@@ -60,7 +61,7 @@ def summary_row(report: TuneReport) -> dict[str, Any]:
             return None
         return round(best[kind].result.ratio / best["ws"].result.ratio, 3)
 
-    tilelang = max((k for k in ("default", "role_based") if k in best), key=lambda k: best[k].result.tflops, default=None)
+    tilelang = max((k for k in TILELANG if k in best), key=lambda k: best[k].result.tflops, default=None)
     measured = [r for r in report.records if not r.cached]
     ws = best.get("ws")
     return {
@@ -73,6 +74,7 @@ def summary_row(report: TuneReport) -> dict[str, Any]:
         "reference_vendor": best["reference"].candidate.param_dict.get("vendor") if "reference" in best else None,
         "seed_tflops": tf("seed"),
         "default_tflops": tf("default"),
+        "no_ws_tflops": tf("no_ws"),
         "role_based_tflops": tf("role_based"),
         "vs_tilelang": vs(tilelang) if tilelang else None,
         "vs_reference": vs("reference"),

@@ -20,7 +20,7 @@ from typing import Any
 import harness
 
 COLUMNS = [("kernel", "kernel", None), ("problem", "shape", None), ("vendor", "reference_tflops", "reference"),
-           ("vendor name", "reference_vendor", None), ("tilelang default", "default_tflops", "default"),
+           ("vendor name", "reference_vendor", None), ("tilelang default", "default_tflops", "default"), ("no WS", "no_ws_tflops", "no_ws"),
            ("role_based", "role_based_tflops", "role_based"), ("seed", "seed_tflops", "seed"), ("ws-tune", "ws_tune_tflops", "ws"),
            ("vs tilelang", "vs_tilelang", None), ("vs vendor", "vs_reference", None), ("trials", "trials", None),
            ("WRONG", "wrong_fraction", None), ("winner", "winner", None)]  # fmt: skip

@@ -19,7 +19,13 @@ class Lowering(str, Enum):
     WS = "ws"  # lowered through MaterializeWSSchedule with the candidate's schedule
     DEFAULT = "default"  # schedule stripped: tilelang's default lowering
     ROLE_BASED = "role_based"  # schedule stripped: tilelang's role_based scheduler
+    # schedule stripped, warp specialization off: tilelang's software pipeline alone, as kernels
+    # whose authors turn it off compile them (its fused-MoE example: the default is WRONG there)
+    NO_WS = "no_ws"
     REFERENCE = "reference"  # the kernel file's reference (torch.matmul -> cuBLAS for GEMM); nothing to build
+
+
+TILELANG_LOWERINGS = (Lowering.DEFAULT, Lowering.NO_WS, Lowering.ROLE_BASED)  # the baselines tilelang builds on its own
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ _keep_ctrl_c()
 ARCH = "sm_90a"
 WS_ANNOTATION = "tl.ws_schedule"
 ROLE_BASED_CONFIG = {"tl.enable_auto_warp_specialization": "role_based"}
+NO_WS_CONFIG = {"tl.disable_warp_specialized": True}
 # The scheduler of TileLang's own CUDA pipeline names its block this.
 ROOT_BLOCK = "tilelang_root"
 
@@ -552,6 +553,41 @@ def _split_else(func: Any) -> Any:
     return func.with_body(stmt_functor.ir_transform(func.body, None, split, ["tirx.IfThenElse"]))
 
 
+# A kernel that picks one of two tiles of an input by a condition writes ``if c: copy(X[a],
+# s) else: copy(X[b], s)`` (a diffusion LLM's block-causal attention takes K from the noisy or
+# the clean half). As two guarded writes the destination is "written under a guard", and
+# role_based refuses to version it. Both branches write all of it, so it is one copy from
+# X[c ? a : b]: unguarded, versionable, and still one TMA load (its coordinates are values).
+def _join_branch_copies(func: Any) -> Any:
+    def join(stmt: Any) -> Any:
+        pair = [s.value if isinstance(s, tvm.tirx.Evaluate) else None for s in (stmt.then_case, stmt.else_case)]
+        if not all(isinstance(c, tvm.tirx.Call) and getattr(c.op, "name", "") == "tl.tileop.copy" for c in pair):
+            return None
+        (then, other), read = pair, {load.buffer.data for load in _loads(stmt.condition)}
+        if len(then.args) != len(other.args) or not _is_region(then.args[1]) or then.args[1].args[0].buffer.data in read:
+            return None
+        args = [_join_regions(stmt.condition, a, b) for a, b in zip(then.args, other.args)]
+        if any(a is None for a in args) or not _writes_whole(args[1], args[1].args[0].buffer):
+            return None
+        return tvm.tirx.Evaluate(tvm.tirx.Call(then.dtype, then.op, args, then.span))
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, join, ["tirx.IfThenElse"]))
+
+
+def _join_regions(cond: Any, a: Any, b: Any) -> Any | None:
+    """``a`` where ``b`` is the same; a region of one buffer and extents that starts where
+    ``cond`` picks; otherwise None."""
+    if tvm.ir.structural_equal(a, b):
+        return a
+    if not (_is_region(a) and _is_region(b)) or not tvm.ir.structural_equal(a.args[1:], b.args[1:]):
+        return None
+    start_a, start_b = a.args[0], b.args[0]
+    if not start_a.buffer.same_as(start_b.buffer):
+        return None
+    indices = [i if tvm.ir.structural_equal(i, j) else tvm.tirx.if_then_else(cond, i, j) for i, j in zip(start_a.indices, start_b.indices)]
+    return tvm.tirx.Call(a.dtype, a.op, [tvm.tirx.BufferLoad(start_a.buffer, indices), *a.args[1:]], a.span)
+
+
 def _loads(expr: Any) -> list[Any]:
     found: list[Any] = []
     stmt_functor.post_order_visit(expr, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
@@ -743,8 +779,9 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
 # dead loops out, register copies of inputs read in place, register MMA operands loaded
-# through shared memory, reused buffers split, else branches as guards, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _split_else, _stand_in_atomics)
+# through shared memory, reused buffers split, a choice of two tiles as one copy, else
+# branches as guards, atomics as stand-ins.
+_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _stand_in_atomics)
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"
@@ -806,8 +843,8 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
         return attach(prepared, schedule), {}
     if lowering is Lowering.REFERENCE:
         raise CompilerError("the reference is the kernel file's own Python function; there is nothing to compile")
-    plain = strip(func)
-    return plain, (ROLE_BASED_CONFIG if lowering is Lowering.ROLE_BASED else {})
+    configs = {Lowering.ROLE_BASED: ROLE_BASED_CONFIG, Lowering.NO_WS: NO_WS_CONFIG}
+    return strip(func), configs.get(lowering, {})
 
 
 def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:

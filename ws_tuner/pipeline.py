@@ -38,7 +38,7 @@ from .store import StoredTrial
 
 SEARCH, BASELINE, WARM = "search", "baseline", "warm"
 MAX_REFUSALS = 200  # proposals refused beyond what is known or taken before the space counts as exhausted
-BASELINE_KINDS = ("seed", "default", "role_based", "reference")
+BASELINE_KINDS = ("seed", "default", "no_ws", "role_based", "reference")
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class TuneReport:
         return [r for r in self.records if r.role != BASELINE or r.candidate.lowering is Lowering.WS]
 
     def baseline(self, kind: str) -> TrialRecord | None:
-        """Best of one baseline: "seed", "default", "role_based" or "reference" (vendor libraries included)."""
+        """Best of one baseline: one of BASELINE_KINDS (the reference with vendor libraries)."""
         return self.best_of(self._of_kind(kind))
 
     def contenders(self, kind: str, margin: float, most: int) -> list[TrialRecord]:

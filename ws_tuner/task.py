@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import compiler
-from .candidate import Candidate, Lowering, canonical_json
+from .candidate import TILELANG_LOWERINGS, Candidate, Lowering, canonical_json
 from .kernel import KernelFileError, KernelSpec, load_kernel
 from .sandbox import spawn_context
 from .space import PointInfo, ScheduleSpace, SpaceConfig
@@ -178,10 +178,11 @@ class Task:
         return out + (self.vendor_baselines() if timed else [])
 
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
-        """The kernel's seed schedule, tilelang's default lowering and role_based, at one point
-        (tilelang's own lowerings only where the kernel is right in any order)."""
+        """The kernel's seed schedule, tilelang's default lowering, the same without warp
+        specialization, and role_based, at one point (tilelang's own lowerings only where the
+        kernel is right in any order)."""
         seed = self.space().seed_candidate(params_key(params))
-        lowerings = () if self.spec.needs_schedule(params) else (Lowering.DEFAULT, Lowering.ROLE_BASED)
+        lowerings = () if self.spec.needs_schedule(params) else TILELANG_LOWERINGS
         out = [Candidate.make(params, None, lowering) for lowering in lowerings]
         return ([seed] if isinstance(seed, Candidate) else []) + out
 

@@ -1030,6 +1030,34 @@ def test_an_mma_operand_loaded_into_registers_is_staged_through_shared_memory(da
     assert "input_shared" not in {p.name for p in seed.pipelines}
 
 
+def test_a_choice_of_two_tiles_of_an_input_is_one_copy(data_dir, tmp_path):
+    """Block-causal attention loads K (and V) from the noisy or the clean half by an if-else
+    in its key loop. As two guarded writes role_based refuses to version the buffer ("written
+    under a guard"), so every num_stages=2 point had no seed. Both branches write all of it
+    from one input, so ws-tune makes it one copy whose start the condition picks: the seed's
+    Load role loads K and V through 2-deep pipelines, and the seed and the space's candidates
+    verify. Branches copying from two inputs stay as written (and role_based's reason)."""
+    shape, params = "batch=1,heads=2,seq=1024,dim=64", {"block_size": 64, "num_stages": 2, "threads": 128}
+    task = task_of(data_dir / "block_causal_attn.py", shape)
+    func = task.primfunc(params)
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        shown = compiler._split_else(func)
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(shown))
+    assert len(skipped) == 1 and "'K_shared' is written under a guard" in skipped[0]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    assert "T.copy(T.region(K[bz, T.if_then_else(is_noisy_diag != 0, bx * 64, 512 + s * 64), by, 0]" in prepared.script()
+    assert {p.name: p.depth for p in seed.pipelines if p.name in ("K_shared", "V_shared")} == {"K_shared": 2, "V_shared": 2}
+    loop = next(scope for scope in seed.scopes if scope.id.startswith("loop"))
+    assert Sync("PRODUCER_ACQUIRE", "K_shared") in loop.body("Load") and Sync("PRODUCER_ACQUIRE", "V_shared") in loop.body("Load")
+    verify_seed_and_candidates(task, prepared, seed)
+
+    noisy_k = "                    T.copy(K[bz, bx * block_size : (bx + 1) * block_size, by, :], K_shared)\n"
+    path = edited(data_dir, tmp_path, "block_causal_attn.py", noisy_k, noisy_k.replace("K[", "Q["))
+    with pytest.raises(compiler.NoSeed, match="'K_shared' is written under a guard"):
+        compiler.prepare(task_of(path, shape).primfunc(params))
+
+
 def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir, tmp_path):
     """Block-sparse attention copies its row of the block mask into a fragment once and
     guards each key block's loads by it; role_based refuses (a producer warp cannot read

@@ -44,7 +44,7 @@ def test_tilelang_lowerings_are_baselines_only_where_the_kernel_allows_any_order
     assert spec.scheduled_only == {"mma": ("async",), "consumers": ("pingpong",)}
     task = Task.make(spec, spec.parse_problem("M=4096,N=4096,K=4096"), spec.parse_params("block_M=128,block_N=128,block_K=64,swizzle=8,epilogue=smem,persistent=true,split=square"))
     lowerings = {(p["mma"], p["consumers"]): {c.lowering for c in task.baselines(p)} for p in map(dict, task.space().param_points())}
-    assert lowerings == {("sync", "cooperative"): {Lowering.WS, Lowering.DEFAULT, Lowering.ROLE_BASED}, ("async", "cooperative"): {Lowering.WS},
+    assert lowerings == {("sync", "cooperative"): {Lowering.WS, Lowering.DEFAULT, Lowering.NO_WS, Lowering.ROLE_BASED}, ("async", "cooperative"): {Lowering.WS},
                          ("sync", "pingpong"): {Lowering.WS}, ("async", "pingpong"): {Lowering.WS}}  # fmt: skip
 
 

@@ -59,9 +59,9 @@ def test_tunes_stores_and_reports_against_baselines(task, store):
     assert len(stored) == len(report.records) == len(builder.submitted)
     search_records = [r for r in report.records if r.role == SEARCH]
     assert len(search_records) == 12 and not report.out_of_time
-    for kind in ("seed", "default", "role_based", "reference"):
+    for kind in ("seed", "default", "no_ws", "role_based", "reference"):
         assert report.baseline(kind) is not None, kind
-    assert len([r for r in report.records if r.role == BASELINE]) == 3 * 4 + 1  # 4 param points, + the reference
+    assert len([r for r in report.records if r.role == BASELINE]) == 4 * 4 + 1  # 4 param points, + the reference
     best = report.best
     assert best.candidate.lowering is Lowering.WS
     assert all(best.result.rank_key() <= r.result.rank_key() for r in report.records if r.result.timing and r.candidate.lowering is Lowering.WS)
@@ -108,7 +108,7 @@ def test_a_time_budget_ends_the_search_not_the_baselines(task, store):
     starts, and nothing in flight is dropped."""
     report, builder = tune(task, store, budget=12, builder=SlowBuilder(), jobs=1, time_budget=0.1)
     roles = [r.role for r in report.records]
-    assert roles.count(BASELINE) == 3 * len(list(task.space().param_points())) + len(task.vendor_baselines()), roles  # seed, default, role_based; cuBLAS
+    assert roles.count(BASELINE) == 4 * len(list(task.space().param_points())) + len(task.vendor_baselines()), roles  # seed, default, no_ws, role_based; cuBLAS
     assert SEARCH not in roles and report.out_of_time
     assert sorted(r.candidate.hash for r in report.records) == sorted(builder.submitted)
     assert all(r.result.status is Status.OK for r in report.records)
@@ -233,9 +233,9 @@ def test_the_tournament_takes_the_leaders_and_the_best_of_each_baseline(task, st
     leaders = sorted((r for r in report.records if r.candidate.lowering is Lowering.WS and r.result.timing),
                      key=lambda r: r.result.ratio)  # fmt: skip
     assert {r.candidate.hash for r in leaders[:5]} <= set(entrants)
-    for kind in ("seed", "default", "role_based", "reference"):
+    for kind in ("seed", "default", "no_ws", "role_based", "reference"):
         assert report.baseline(kind).candidate.hash in entrants
-    assert report.confirmed == len(entrants) and all(report.baseline(k).result.confirmed for k in ("default", "role_based"))
+    assert report.confirmed == len(entrants) and all(report.baseline(k).result.confirmed for k in ("default", "no_ws", "role_based"))
 
 
 def test_a_baseline_enters_the_tournament_with_its_near_rivals():

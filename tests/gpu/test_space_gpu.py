@@ -85,6 +85,9 @@ CASES = {
     # Stop 33: fused MoE's gate and up projections (the token rows an MMA operand read into registers,
     # staged through shared memory; experts of unequal sizes, rows masked at each expert's end).
     "fused_moe": (DATA / "fused_moe.py", "E=4,tokens=512,hidden=1024,expert=512,skew=1", {}),
+    # Stop 34: a diffusion LLM's block-causal attention (K and V from one half or the other by an if-else,
+    # joined into one copy; a key loop whose trip count depends on the block; boundary tiles masked).
+    "block_causal_attn": (DATA / "block_causal_attn.py", "batch=2,heads=8,seq=2048,dim=128,dllm_block=16", {}),
 }
 
 

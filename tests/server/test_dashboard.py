@@ -60,9 +60,9 @@ def test_workload_json_has_the_leaderboard_the_trials_and_the_schedules(tuned, l
 
         w = client.get(f"/workloads/{report.workload_id}").json()
         rows = {r["name"]: r for r in w["leaderboard"]}
-        assert list(rows) == ["ws-tune best", "seed", "default", "role_based", "reference"]
+        assert list(rows) == ["ws-tune best", "seed", "default", "no_ws", "role_based", "reference"]
         assert rows["ws-tune best"]["candidate_hash"] == report.best.candidate.hash and rows["ws-tune best"]["confirmed"]
-        for kind in ("seed", "default", "role_based", "reference"):
+        for kind in ("seed", "default", "no_ws", "role_based", "reference"):
             assert rows[kind]["candidate_hash"] == report.baseline(kind).candidate.hash
             assert rows[kind]["tflops"] == pytest.approx(report.baseline(kind).result.tflops)
 

@@ -380,5 +380,5 @@ def test_a_job_on_a_kernel_without_a_seed_measures_its_baselines(db_url: str, li
         assert done["state"] == "succeeded", done
         trials = client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]
     kinds = sorted(t["kind"] for t in trials)
-    assert kinds == ["baseline"] * 5, trials  # default and role_based at 128 and 256 threads, and the file's reference
-    assert sorted(t["lowering"] for t in trials) == ["default", "default", "reference", "role_based", "role_based"]
+    assert kinds == ["baseline"] * 7, trials  # default, no_ws and role_based at 128 and 256 threads, and the file's reference
+    assert sorted(t["lowering"] for t in trials) == ["default", "default", "no_ws", "no_ws", "reference", "role_based", "role_based"]

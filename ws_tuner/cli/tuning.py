@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
+from ..pipeline import BASELINE_KINDS
 from .common import (
     DbOpt,
     ParamOpt,
@@ -123,7 +124,7 @@ def _print_report(report: Any, task: Any) -> None:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
         return
     best = report.best
-    rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in ("seed", "default", "role_based", "reference")]
+    rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in BASELINE_KINDS]
     # Nothing searched (a kernel without a schedule space): the baselines, ranked among themselves.
     lead = best or report.best_of(rec for _, rec in rows if rec is not None)
     out.print(speed_table(rows, lead))

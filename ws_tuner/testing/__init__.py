@@ -29,7 +29,7 @@ DUMMY_DEVICE = "Dummy H200 (test double)"
 def modeled_latency(candidate: Candidate) -> float:
     """A smooth fake cost (ms) with one optimum, so that samplers have something to learn."""
     if candidate.schedule is None:
-        return {"reference": 1.00, "default": 1.20, "role_based": 1.15}.get(candidate.lowering.value, 1.3)
+        return {"reference": 1.00, "default": 1.20, "no_ws": 1.25, "role_based": 1.15}.get(candidate.lowering.value, 1.3)
     s = candidate.schedule
     consumer = max(s.roles, key=lambda r: r.warps)
     depth = min(p.depth for p in s.pipelines)
