@@ -1,0 +1,96 @@
+"""Is tilelang's lowering with warp specialization off (the new ``no_ws`` baseline) faster
+than the best of its default and role_based anywhere issue 9 measures? Each of tilelang's
+three lowerings at the parameter points where earlier runs found tilelang's best, built in
+parallel, checked against the reference, then timed by triton's do_bench after a 300 ms
+pre-heat of each kernel alone, three interleaved rounds, NVML's SM clock and power beside.
+
+    python3 -u benchmarks/results/h200-run30/no_ws_check.py OUT
+"""
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# (file, problem, the params of tilelang's best lowerings there: runs 20 and 25)
+POINTS = [
+    ("examples/attention.py", "B=4,H=16,S=4096,D=128,causal=0",
+     ["block_M=192,block_N=128,consumers=cooperative,exp=ftz,mma=sync,order=shifted,persistent=false,q_buffers=1,reduce=lane,stages=2,store=consumer",
+      "block_M=128,block_N=128,consumers=cooperative,exp=ftz,mma=sync,order=shifted,persistent=true,q_buffers=1,reduce=row,stages=2,store=consumer"]),
+    ("examples/attention.py", "B=4,H=16,S=4096,D=128,causal=1",
+     ["block_M=128,block_N=128,consumers=cooperative,exp=ftz,mma=sync,order=shifted,persistent=false,q_buffers=1,reduce=row,stages=2,store=consumer",
+      "block_M=128,block_N=128,consumers=cooperative,exp=ftz,mma=sync,order=shifted,persistent=true,q_buffers=1,reduce=row,stages=2,store=consumer"]),
+    ("examples/gemm.py", "M=4096,N=4096,K=4096",
+     ["block_K=64,block_M=128,block_N=256,consumers=cooperative,epilogue=smem,mma=sync,persistent=false,split=rows,swizzle=8",
+      "block_K=64,block_M=128,block_N=256,consumers=cooperative,epilogue=smem,mma=sync,persistent=true,split=rows,swizzle=8"]),
+]
+LOWERINGS = ("default", "no_ws", "role_based")
+
+
+def main() -> None:
+    import pynvml
+    import torch
+    from triton.testing import do_bench
+
+    from ws_tuner.builder import BuildInput, LocalBuilder
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.gpu import launcher
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.runner import RunInput
+    from ws_tuner.task import Task
+
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    jobs = []  # (spec, problem, label, candidate)
+    for path, shape, points in POINTS:
+        spec = load_kernel(path)
+        problem = spec.parse_problem(shape)
+        for point in points:
+            params = dict(next(iter(Task.make(spec, problem, spec.parse_params(point)).space().param_points())))
+            jobs += [(spec, problem, f"{shape} {point} {low}", Candidate.make(params, lowering=Lowering(low))) for low in LOWERINGS]
+    with LocalBuilder(jobs=15, timeout=600) as builder:  # fills tilelang's cache; the launches below load from it
+        built = builder.build([BuildInput(str(s.path), s.source_hash, p, c) for s, p, _, c in jobs])
+    rows = []
+    for path, shape, _ in POINTS:
+        fns, flops = {}, None
+        for (spec, problem, label, cand), b in zip(jobs, built):
+            if not label.startswith(shape + " ") or spec.path.name != Path(path).name:
+                continue
+            if not b.ok:
+                print(f"{label}: {b.status.value} {b.message[:160]}", flush=True)
+                continue
+            _, fn = launcher(RunInput(str(spec.path), spec.source_hash, problem, cand))
+            args = spec.inputs(problem, "cuda")
+            refs = spec.reference(problem, [a.clone() for a in args])
+            fn(args)
+            torch.cuda.synchronize()
+            err = max(float(((args[i].float() - r.float()).norm() / r.float().norm()).item()) for i, r in zip(spec.outputs, refs))
+            print(f"{label}: relative error {err:.2e}", flush=True)
+            if err < spec.tolerance:
+                fns[label] = (fn, args)
+            flops = spec.flops(problem)
+        times = {k: [] for k in fns}
+        clocks = {k: [] for k in fns}
+        for r in range(3):
+            for label in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+                fn, args = fns[label]
+                end = time.monotonic() + 0.3
+                while time.monotonic() < end:
+                    for _ in range(10):
+                        fn(args)
+                    torch.cuda.synchronize()
+                times[label].append(do_bench(lambda: fn(args), warmup=25, rep=100, return_mode="median"))
+                clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)))
+        for label in fns:
+            ms = statistics.median(times[label])
+            row = {"label": label, "do_bench_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "sm_mhz_power_w": clocks[label]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        (out / "no_ws_check.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
