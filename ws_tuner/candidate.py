@@ -22,6 +22,9 @@ class Lowering(str, Enum):
     # schedule stripped, warp specialization off: tilelang's software pipeline alone, as kernels
     # whose authors turn it off compile them (its fused-MoE example: the default is WRONG there)
     NO_WS = "no_ws"
+    # tilelang's default lowering of the kernel as ws-tune rewrites how it moves data for
+    # role_based (compiler.rewritten): one of ws-tune's candidates, not a baseline
+    REWRITTEN = "rewritten"
     REFERENCE = "reference"  # the kernel file's reference (torch.matmul -> cuBLAS for GEMM); nothing to build
 
 

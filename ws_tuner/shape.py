@@ -38,6 +38,7 @@ class PointInfo:
     accesses: dict[str, OpAccess]  # op or loop id -> what it reads and writes
     buffer_kinds: dict[str, str] = field(default_factory=dict)  # allocated buffer -> "shared", "fragment", "local", ...
     no_seed: str = ""
+    rewritten: bool = False  # ws-tune's rewrites change how the kernel moves data (compiler.rewritten)
 
 
 @dataclass(frozen=True)

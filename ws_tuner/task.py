@@ -112,15 +112,18 @@ class Task:
         if self.recorded is not None:
             return self.recorded.info(params)
         func = self.primfunc(params)
+        plain = compiler.strip(func)
+        rewritten = not compiler.tvm.ir.structural_equal(compiler.rewritten(plain), plain)
         try:
             prepared, seed = compiler.prepare(func)
         except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
-            return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc))
+            return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc), rewritten=rewritten)
         return PointInfo(
             seed=seed,
             shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
             accesses=compiler.op_accesses(prepared),
             buffer_kinds=compiler.buffer_kinds(prepared),
+            rewritten=rewritten,
         )
 
     @functools.cached_property
@@ -160,11 +163,22 @@ class Task:
 
     def lowering_starts(self, points: Iterable[ParamsKey]) -> list[Candidate]:
         """At each kernel-parameter point, the schedule shaped as tilelang's default warp
-        specialization (``ScheduleSpace.lowering_candidates``), where the space holds it:
-        measured with the baselines, as warm starts, so that a search seeded by
-        role_based's guess starts no worse than that lowering."""
-        space = self.space()
-        return [c for params in points for c in space.lowering_candidates(params)]
+        specialization (``ScheduleSpace.lowering_candidates``), where the space holds it,
+        and tilelang's default lowering of the kernel as ws-tune rewrites it, where that
+        differs from the kernel as written: measured with the baselines, as warm starts, so
+        that a search seeded by role_based's guess starts no worse than those lowerings."""
+        space, out = self.space(), []
+        for params in points:
+            out += space.lowering_candidates(params)
+            if not self.spec.needs_schedule(dict(params)) and self._rewritten(params):
+                out.append(Candidate.make(dict(params), None, Lowering.REWRITTEN))
+        return out
+
+    def _rewritten(self, params: ParamsKey) -> bool:
+        try:
+            return self.point_info(dict(params)).rewritten
+        except compiler.CompilerError:  # the kernel does not build here: nothing to rewrite
+            return False
 
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
         """Where the baselines and lowering starts are measured: every point the kernel

@@ -101,7 +101,7 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
     tuned = ws_tune(kernel, "--shape", shape, "--param", params, "--budget", "2", "--jobs", "2", "--db", str(tmp_path / "r.db"), "--compile-only")
     assert tuned.returncode == 0, tuned.stderr
     assert "no schedule space (seed: " in tuned.stderr
-    assert re.search(r"built\s+│\s+2\s", tuned.stdout), tuned.stdout  # tilelang's default and role_based lowerings
+    assert re.search(r"built\s+│\s+3\s", tuned.stdout), tuned.stdout  # tilelang's default, no_ws and role_based lowerings
     assert "pruned" not in tuned.stdout  # no space, no search: nothing drawn to be pruned
 
 
@@ -153,12 +153,12 @@ def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     assert "compile-only" in first.stdout and "built" in first.stdout
     again = tuning(2)
     assert again.returncode == 0, again.stderr
-    assert "(6 reused from the store," in again.stdout  # 3 baselines + the lowering start + 2 searched, nothing rebuilt
+    assert "(7 reused from the store," in again.stdout  # 4 baselines + the lowering start + 2 searched, nothing rebuilt
     assert "time budget" not in again.stdout
     # Two more search places, but the time budget is spent before the first is taken.
     late = tuning(4, "--time-budget", "0.001")
     assert late.returncode == 0, late.stderr
-    assert "(6 reused from the store," in late.stdout
+    assert "(7 reused from the store," in late.stdout
     assert "the time budget ended the search after 2 searched candidate(s)" in " ".join(late.stdout.split())
 
 

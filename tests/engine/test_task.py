@@ -77,3 +77,27 @@ def test_a_point_is_built_once_and_its_candidates_do_not_touch_it(example_path, 
     assert built == [dict(params)]  # one build serves the point's search candidates and its baselines
     assert task.primfunc(dict(params)).same_as(func) and compiler.own_schedule(func) == seed
     assert [compiler.own_schedule(f) for f in lowered[: len(candidates)]] == [c.schedule for c in candidates]
+
+
+def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_change_it(data_dir, example_path, tmp_path, monkeypatch):
+    """tilelang's default lowering of block-causal attention with K and V joined into one copy
+    each ran 1.44x the kernel as written (H200 run 30): ws-tune measures it as a warm start of
+    its own at every point, recorded by the isolated task too, and it builds for sm_90a with no
+    pass configs. A kernel that no rewrite changes (the GEMM example) gets none."""
+    from ws_tuner import compiler
+    from ws_tuner.candidate import Lowering
+    from ws_tuner.kernel import load_kernel
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # a real compile
+    task = Task.isolated(str(data_dir / "block_causal_attn.py"), "batch=1,heads=2,seq=1024,dim=64", "num_stages=2")
+    points = task.measured_points(timed=True)
+    rewritten = [c for c in task.lowering_starts(points) if c.lowering is Lowering.REWRITTEN]
+    assert [c.params for c in rewritten] == list(points) and len(points) == 3  # block_size 64 at 256 threads is refused
+    assert all(c.schedule is None for c in rewritten)
+    local = Task.make(load_kernel(data_dir / "block_causal_attn.py"), task.problem, task.param_grid)
+    func, configs = local.lowered(rewritten[0])
+    assert configs == {} and "T.copy(T.region(K[bz, T.if_then_else(is_noisy_diag != 0" in func.script()
+    assert compiler.compile_kernel(func, configs).get_kernel_source()
+
+    gemm = Task.isolated(str(example_path), "M=4096,N=4096,K=4096", "block_K=64,persistent=false,mma=sync")
+    assert not [c for c in gemm.lowering_starts(gemm.measured_points(timed=True)) if c.lowering is Lowering.REWRITTEN]

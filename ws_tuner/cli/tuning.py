@@ -135,9 +135,12 @@ def _print_report(report: Any, task: Any) -> None:
         out.print(f"no schedule of the space was measured: the fastest kernel is {name} ({lead.candidate.describe()})")
     if report.anchor is not None:
         out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
-    if best is not None and best.candidate.lowering is Lowering.WS:
+    if best is not None:
         out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
-        out.print(best.candidate.schedule.to_source())
+        if best.candidate.lowering is Lowering.WS:
+            out.print(best.candidate.schedule.to_source())
+        else:  # no schedule to paste: the kernel must be rewritten as ws-tune rewrote it
+            out.print("tilelang's default lowering of the kernel as ws-tune rewrites it (compiler.rewritten): no schedule")
 
 
 def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
