@@ -145,11 +145,7 @@ def independent(items: list[Entry], *, gpu: int = 0, rounds: int = 3, preheat_s:
     for r in range(rounds):
         for label in order if r % 2 == 0 else order[::-1]:
             fn = launches[label]
-            end = time.monotonic() + preheat_s
-            while time.monotonic() < end:  # the kernel alone, until the clock has settled at its level
-                for _ in range(10):
-                    fn()
-                torch.cuda.synchronize()
+            preheat(fn, preheat_s)
             bench[label].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             n = max(int(0.1 / (bench[label][-1] * 1e-3)), 10)
@@ -160,6 +156,37 @@ def independent(items: list[Entry], *, gpu: int = 0, rounds: int = 3, preheat_s:
             torch.cuda.synchronize()
             loop[label].append(start.elapsed_time(stop) / n)
     return {k: {"do_bench_ms": statistics.median(bench[k]), "loop_ms": statistics.median(loop[k])} for k in order}
+
+
+def preheat(fn: Callable[[], Any], seconds: float) -> None:
+    """Run the kernel alone until its clock has settled at its own level."""
+    import torch
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+
+
+def settled(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, preheat_s: float = 0.3, gpu: int = 0) -> dict[str, dict[str, Any]]:
+    """Triton's do_bench of each function after its pre-heat, interleaved over ``rounds``
+    (order reversed every other round): the median ms, and NVML's SM clock (MHz) and power (W)
+    read after each round's timing."""
+    import pynvml
+    from triton.testing import do_bench
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+    ms: dict[str, list[float]] = {k: [] for k in fns}
+    clocks: dict[str, list[tuple[int, int]]] = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for label in order if r % 2 == 0 else order[::-1]:
+            preheat(fns[label], preheat_s)
+            ms[label].append(do_bench(fns[label], warmup=25, rep=100, return_mode="median"))
+            clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)))
+    return {k: {"do_bench_ms": round(statistics.median(ms[k]), 4), "sm_mhz_power_w": clocks[k]} for k in order}
 
 
 def launchers(path: Path, problem: dict[str, Any] | str, points: dict[str, tuple[str, str]], *, vendors: bool = True) -> dict[str, Callable[[list[Any]], Any]]:

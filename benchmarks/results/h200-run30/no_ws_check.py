@@ -8,10 +8,10 @@ pre-heat of each kernel alone, three interleaved rounds, NVML's SM clock and pow
 """
 
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # (file, problem, the params of tilelang's best lowerings there: runs 20 and 25)
 POINTS = [
@@ -29,10 +29,9 @@ LOWERINGS = ("default", "no_ws", "role_based")
 
 
 def main() -> None:
-    import pynvml
     import torch
-    from triton.testing import do_bench
 
+    import harness
     from ws_tuner.builder import BuildInput, LocalBuilder
     from ws_tuner.candidate import Candidate, Lowering
     from ws_tuner.gpu import launcher
@@ -42,8 +41,6 @@ def main() -> None:
 
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     jobs = []  # (spec, problem, label, candidate)
     for path, shape, points in POINTS:
         spec = load_kernel(path)
@@ -72,21 +69,9 @@ def main() -> None:
             if err < spec.tolerance:
                 fns[label] = (fn, args)
             flops = spec.flops(problem)
-        times = {k: [] for k in fns}
-        clocks = {k: [] for k in fns}
-        for r in range(3):
-            for label in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-                fn, args = fns[label]
-                end = time.monotonic() + 0.3
-                while time.monotonic() < end:
-                    for _ in range(10):
-                        fn(args)
-                    torch.cuda.synchronize()
-                times[label].append(do_bench(lambda: fn(args), warmup=25, rep=100, return_mode="median"))
-                clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)))
-        for label in fns:
-            ms = statistics.median(times[label])
-            row = {"label": label, "do_bench_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "sm_mhz_power_w": clocks[label]}
+        timed = harness.settled({label: (lambda fn=fn, args=args: fn(args)) for label, (fn, args) in fns.items()})
+        for label, t in timed.items():
+            row = {"label": label, **t, "tflops": round(flops / t["do_bench_ms"] / 1e9, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
         (out / "no_ws_check.json").write_text(json.dumps(rows, indent=1))

@@ -9,9 +9,7 @@ alone, three interleaved rounds; NVML's SM clock and power read after each.
 """
 
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -25,9 +23,7 @@ CASES = [
 
 
 def main() -> None:
-    import pynvml
     import torch
-    from triton.testing import do_bench
 
     import harness
     from ws_tuner import compiler
@@ -36,8 +32,6 @@ def main() -> None:
 
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     as_written = compiler.strip
 
     def rewritten(func):
@@ -70,22 +64,9 @@ def main() -> None:
                     if ok:
                         fns[label] = fn
         compiler.strip = as_written
-        times = {k: [] for k in fns}
-        clocks = {k: [] for k in fns}
-        for r in range(3):
-            for label in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-                fn = fns[label]
-                end = time.monotonic() + 0.3
-                while time.monotonic() < end:
-                    for _ in range(10):
-                        fn(args)
-                    torch.cuda.synchronize()
-                times[label].append(do_bench(lambda: fn(args), warmup=25, rep=100, return_mode="median"))
-                clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
-        for label in fns:
-            ms = statistics.median(times[label])
-            row = {"kernel": spec.name, "problem": shape, "label": label, "do_bench_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
-                   "sm_mhz": [c for c, _ in clocks[label]], "power_w": [round(p) for _, p in clocks[label]]}
+        timed = harness.settled({label: (lambda fn=fn: fn(args)) for label, fn in fns.items()})
+        for label, t in timed.items():
+            row = {"kernel": spec.name, "problem": shape, "label": label, **t, "tflops": round(flops / t["do_bench_ms"] / 1e9, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
         (out / "rewritten_baselines.json").write_text(json.dumps(rows, indent=1))
