@@ -249,6 +249,43 @@ def buffer_kinds(func: Any) -> dict[str, str]:
     return {str(b.name): kinds.get(b.scope(), b.scope()) for b in block.alloc_buffers}
 
 
+# What a schedule decides instead of the kernel: a pipelined loop's depth (num_stages, none
+# at 0) and the block's threads. Kernel parameters that set only these build the same
+# warp-specialized kernels (tests/engine/test_space.py checks the generated code).
+_SCHEDULE_SETS = re.compile(r'"num_stages": (\d+)(, )?|"tl\.launch_threads": \[(\d+)|launch_thread\("threadIdx\.x", (\d+)\)')
+
+
+def scheduled_program(prepared: Any) -> tuple[str, frozenset[int]]:
+    """A digest of the kernel as a schedule lowers it (op ids included; its own schedule, a
+    loop's num_stages and the block's threads left out), and the values those two took."""
+    text = strip(prepared).script()
+    values = frozenset({0} | {int(v) for m in _SCHEDULE_SETS.finditer(text) for v in m.groups() if v and v.isdigit()})
+    bare = _SCHEDULE_SETS.sub(lambda m: "" if m.group(1) else m.group(0).replace(m.group(3) or m.group(4), "_"), text)
+    bare = bare.replace(", annotations={})", ")")
+    return hashlib.sha256(bare.encode()).hexdigest()[:24], values
+
+
+def loop_trips(func: Any) -> dict[str, int]:
+    """Loop op id -> how many times its body runs in one block: its trip count times those
+    of the loops around it (a persistent kernel's tile loop), where all are constants."""
+    # Not the grid's loops (a block runs one blockIdx); a while loop (a persistent kernel's
+    # tile scheduler) runs an unknown count.
+    loops: list[Any] = []
+    stmt_functor.post_order_visit(func.body, lambda n: loops.append(n) if isinstance(n, tvm.tirx.While) or (isinstance(n, tvm.tirx.For) and n.kind != tvm.tirx.ForKind.THREAD_BINDING) else None)
+    inner: dict[Any, set[Any]] = {}
+    for loop in loops:
+        found: set[Any] = set()
+        stmt_functor.post_order_visit(loop.body, lambda n: found.add(n) if isinstance(n, tvm.tirx.For) else None)
+        inner[loop] = found
+    trips: dict[str, int] = {}
+    for loop in loops:
+        op = _op_of(loop)
+        around = [outer for outer in loops if loop in inner[outer]] + [loop]
+        if op is not None and all(isinstance(getattr(o, "extent", None), tvm.tirx.IntImm) for o in around):
+            trips[op[0]] = math.prod(int(o.extent.value) for o in around)
+    return trips
+
+
 # Hopper MMAs that return before they finish, and the ops that retire them.
 ASYNC_ISSUE_OPS = frozenset({"tl.tileop.wgmma_gemm", "tl.tileop.gemm"})  # a gemm is async only with wg_wait != 0
 ASYNC_RETIRE_OPS = frozenset({"tl.wait_wgmma"})
@@ -268,7 +305,13 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
         return {}
     allocated = {b.data: str(b.name) for b in block.alloc_buffers}
     bound: dict[Any, str] = {}
-    stmt_functor.post_order_visit(block.body, lambda n: bound.setdefault(n.var, "$" + str(n.var.name)) if isinstance(n, tvm.tirx.Bind) else None)
+
+    def bind(node: Any) -> None:
+        if isinstance(node, tvm.tirx.Bind) and node.var not in bound:  # two ``idx = ...`` are two variables
+            name = "$" + str(node.var.name)
+            bound[node.var] = next(n for i in range(len(bound) + 1) if (n := name if i == 0 else f"{name}.{i}") not in bound.values())
+
+    stmt_functor.post_order_visit(block.body, bind)
     # An op inside an ``if`` runs under its condition: the schedule places the guard with
     # the op, so the op reads what the condition reads (a scalar that an op of the loop
     # binds, ``i_s = BlockIndices[...]``, must then sit at the op's stage).
@@ -291,7 +334,10 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
             out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()))
 
     stmt_functor.post_order_visit(block.body, visit)
-    return out
+    # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's
+    # loop) is no dependence: without it, the gather can move to a producer role.
+    read = {v for acc in out.values() for v in acc.reads}
+    return {op_id: replace(acc, writes=frozenset(v for v in acc.writes if not v.startswith("$") or v in read)) for op_id, acc in out.items()}
 
 
 def _op_of(node: Any) -> tuple[str, Any] | None:
@@ -320,6 +366,8 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
     through_region: set[int] = set()  # loads that name a tile op's region, not a read
     calls: list[Any] = []
     stmt_functor.post_order_visit(stmt, lambda n: calls.append(n) if isinstance(n, tvm.tirx.Call) else None)
+    own: set[Any] = set()  # variables bound inside the op: reading them reads nothing outside it
+    stmt_functor.post_order_visit(stmt, lambda n: own.add(n.var) if isinstance(n, tvm.tirx.Bind) else None)
     for call in calls:
         name = getattr(call.op, "name", "")
         if name == "tl.region":
@@ -349,7 +397,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
             if node in allocated:  # a raw pointer: read and write
                 reads.add(allocated[node])
                 writes.add(allocated[node])
-            elif node in bound:
+            elif node in bound and node not in own:
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)

@@ -302,6 +302,12 @@ class Seed:
         launch with too few registers for a consumer's wide MMA (rules.register_reason)."""
         return next((r for r in self.role_names if r not in self.heavy and any(self.schedule.producer_of(p) == r for p in self.pipelines)), None)
 
+    def scope_of(self, buffer: str) -> str | None:
+        """The loop scope whose pipeline carries ``buffer``: the seed's, or a move's."""
+        if buffer in self.pipe_of:
+            return self.where[self.pipe_of[buffer]][0]
+        return next((m.scope for m in self.movable if buffer in m.buffers), None)
+
     def path(self, scope: str) -> list[str]:
         """Scopes from the root down to ``scope``."""
         path = [scope]

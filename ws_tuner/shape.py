@@ -39,6 +39,9 @@ class PointInfo:
     buffer_kinds: dict[str, str] = field(default_factory=dict)  # allocated buffer -> "shared", "fragment", "local", ...
     no_seed: str = ""
     rewritten: bool = False  # ws-tune's rewrites change how the kernel moves data (compiler.rewritten)
+    trips: dict[str, int] = field(default_factory=dict)  # loop op id -> trip count, where constant
+    program: str = ""  # compiler.scheduled_program: equal at two points, a schedule builds one kernel at both
+    schedule_sets: frozenset[int] = frozenset()  # the values of what the schedule sets instead (num_stages, threads)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class ScheduleSpace:
         self._register_reasons: dict[tuple, str | None] = {}
         self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
+        self._representatives: dict[ParamsKey, ParamsKey] = {}
 
     # --- structure ----------------------------------------------------------
     def param_points(self) -> Iterator[ParamsKey]:
@@ -165,6 +166,11 @@ class ScheduleSpace:
                 pruned_params.append(shape)
                 continue
             reference = reference or shape
+            same = self.representative(params)
+            if same != params:  # its candidates are another point's
+                theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
+                pruned_params.append(f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)")
+                continue
             for moved in self._moved_choices(shape):
                 survivors, below = self._role_survivors(params, shape, moved, count)
                 for layout in shape.layouts():
@@ -177,7 +183,7 @@ class ScheduleSpace:
                     stage_sets = tuple(shape.stage_choices(plan))
                     fitting = []  # depths within shared memory; the rest are pruned under every stage choice
                     for depths in depth_sets:
-                        reason = self._smem_reason(shape, plan, depths)
+                        reason = self._depths_reason(shape, plan, depths)
                         if reason:
                             count.prune(reason, below * len(stage_sets))
                         else:
@@ -258,7 +264,7 @@ class ScheduleSpace:
         plan = shape.plan(point.layout, point.moved)
         reason = (
             plan.infeasible
-            or self._smem_reason(shape, plan, point.depths)
+            or self._depths_reason(shape, plan, point.depths)
             or self._order_reason(shape, plan, point.stages)
             or shape.variants.deadlock(plan, tuple(point.stages), tuple(point.depths))
             or self.split_reason(point.params, shape, point.roles)
@@ -269,8 +275,36 @@ class ScheduleSpace:
         schedule = shape.schedule(point)
         if isinstance(schedule, str):
             return schedule
+        params = self.representative(point.params)
         reason = self._check(dict(point.params), schedule) if self._check_candidates else None
-        return f"kernel: {reason}" if reason else Candidate.make(dict(point.params), schedule)
+        if not reason and params != point.params and self._check_candidates:
+            reason = self._check(dict(params), schedule)
+        return f"kernel: {reason}" if reason else Candidate.make(dict(params), schedule)
+
+    def representative(self, params: ParamsKey) -> ParamsKey:
+        """The kernel parameters that stand for ``params`` in warp-specialized candidates.
+        A parameter that sets only what a schedule decides instead (a loop's num_stages, the
+        block's threads: ``PointInfo.program``) takes its first value in the grid that builds
+        the same program, so that one kernel is one candidate, not one per value of a setting
+        the schedule overrides (the seed and tilelang's lowerings keep their own points)."""
+        if params in self._representatives:
+            return self._representatives[params]
+        shape, found = self.shape(params), params
+        info = None if isinstance(shape, str) else shape.info
+        for key, value in params if info is not None and info.program else ():
+            if not isinstance(value, int) or isinstance(value, bool) or value not in info.schedule_sets:
+                continue
+            for other in itertools.takewhile(lambda v, value=value: v != value, self.param_grid[key]):
+                probe = tuple((k, other if k == key else v) for k, v in found)
+                try:
+                    near = self.shape(probe)
+                except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
+                    continue
+                if not isinstance(near, str) and near.info.program == info.program:
+                    found = probe
+                    break
+        self._representatives[params] = found
+        return found
 
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)
@@ -278,7 +312,7 @@ class ScheduleSpace:
 
     def seed_candidate(self, params: ParamsKey) -> Candidate | str:
         shape = self.shape(params)
-        return shape if isinstance(shape, str) else Candidate.make(dict(params), shape.seed)
+        return shape if isinstance(shape, str) else Candidate.make(dict(self.representative(params)), shape.seed)
 
     def lowering_candidates(self, params: ParamsKey) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel
@@ -393,7 +427,7 @@ class ScheduleSpace:
         key = (id(shape), plan)
         if key not in self._fitting:
             depths = itertools.product(self.config.depths, repeat=len(plan.varied))
-            self._fitting[key] = [d for d in depths if not self._smem_reason(shape, plan, d)]
+            self._fitting[key] = [d for d in depths if not self._depths_reason(shape, plan, d)]
         return self._fitting[key]
 
     def _decisions(self, shape: SeedShape, choose: Callable[[str, Sequence[Any]], Any], params: ParamsKey = (), every: bool = False) -> Point:
@@ -420,6 +454,20 @@ class ScheduleSpace:
         plan = shape.plan(point.layout, point.moved)
         if (len(point.depths), len(point.stages), len(point.nregs)) != (len(plan.varied), len(plan.groups), len(plan.roles)):
             return "point: its depths, stages or budgets do not match its plan"
+        return None
+
+    def _depths_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
+        return self._trips_reason(shape, plan, depths) or self._smem_reason(shape, plan, depths)
+
+    def _trips_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
+        """A pipeline deeper than the times its loop body runs in a block (and than the seed
+        has it) holds versions that are never filled: the same kernel, more shared memory."""
+        seed_depth = {b: p.depth for p in shape.seed.pipelines for b in p.buffers}
+        for pipe, depth in zip(plan.pipelines, plan.depth_vector(depths)):
+            scope = shape.analysis.scope_of(pipe.buffers[0])
+            runs = shape.info.trips.get(scope or "")
+            if runs is not None and depth > max(runs, *(seed_depth.get(b, 1) for b in pipe.buffers)):
+                return f"depth: pipeline {pipe.name!r} is {depth} deep, but its loop body runs {runs} times per block"
         return None
 
     def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:

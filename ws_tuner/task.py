@@ -118,12 +118,16 @@ class Task:
             prepared, seed = compiler.prepare(func)
         except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
             return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc), rewritten=rewritten)
+        program, schedule_sets = compiler.scheduled_program(prepared)
         return PointInfo(
             seed=seed,
             shared_bytes={b.name: b.bytes for b in compiler.shared_buffers(prepared)},
             accesses=compiler.op_accesses(prepared),
             buffer_kinds=compiler.buffer_kinds(prepared),
             rewritten=rewritten,
+            trips=compiler.loop_trips(prepared),
+            program=program,
+            schedule_sets=schedule_sets,
         )
 
     @functools.cached_property
@@ -151,10 +155,14 @@ class Task:
         return compiler.lower_for(func, candidate.lowering, candidate.schedule)
 
     def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
-        """Anchor choices, best first: the seed schedule at the first valid point (a
-        kernel of the same family and cost as the candidates), else the reference."""
-        seed = next((c for c in map(self.space().seed_candidate, points) if isinstance(c, Candidate)), None)
-        return ([seed] if seed is not None else []) + [Candidate.make({}, None, Lowering.REFERENCE)]
+        """Anchor choices, best first: the seed schedule (a kernel of the same family and
+        cost as the candidates) at the first point where the static rules keep it, else at
+        the first point that has one (a seed that spills or overflows shared memory may still
+        run), else the reference."""
+        space = self.space()
+        seeds = [c for c in map(space.seed_candidate, points) if isinstance(c, Candidate)]
+        kept = next((c for p in points if isinstance(c := space.candidate(space.seed_point(p)), Candidate)), None)  # type: ignore[arg-type]
+        return list(dict.fromkeys(c for c in (kept, *seeds[:1]) if c is not None)) + [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def vendor_baselines(self) -> list[Candidate]:
         """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""

@@ -151,7 +151,8 @@ class Tuner:
             self.report.records.append(TrialRecord(trial.candidate, trial.result, trial.result.info.get("role", SEARCH), cached=True))
             self.listener("trial", self.report.records[-1])
         try:
-            self.listener("anchor", None)
+            if self.runner is not None:  # compile-only times nothing
+                self.listener("anchor", None)
             pipeline.choose_anchor(self.task.anchors(self.task.space().served_points()))
             pipeline.run(deadline)
             self.report.pruned = int(getattr(self.strategy, "pruned", 0))

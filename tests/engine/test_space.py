@@ -1084,3 +1084,79 @@ def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir
     path = edited(data_dir, tmp_path, "blocksparse_attn.py", guard, "                block_mask[k] = block_mask[k] and k < bx + 1\n" + guard)
     with pytest.raises(compiler.NoSeed, match="in role Load, but that op is fixed to role Worker"):
         compiler.prepare(task_of(path, "batch=1,heads=2,seq=1024").primfunc(params))
+
+
+def test_a_gather_that_binds_its_own_index_can_move(data_dir):
+    """DeepSeek-V4's sparse attention binds ``idx = TopkIndices[...]`` inside its gather's
+    loop (and again inside the mask's). A variable an op binds for itself alone is no
+    dependence: the gather moves to the Load role like sparse MLA's, and the space varies
+    its pipeline. (A binding that other ops read stays theirs: sparse MLA's ``$s_i``.)"""
+    task = task_of(data_dir / "sparse_attn_v4.py", "batch=1,seq=64,seq_kv=1024,heads=64,dim=128,topk=256")
+    params = (("block_N", 64), ("num_stages", 1), ("threads", 128))
+    space = task.space()
+    shape = space.shape(params)
+    access = shape.analysis.access
+    [move] = shape.analysis.movable
+    assert move.feeds and move.buffers == ("KV_shared",) and move.new_role == "Load"
+    assert not any(v.startswith("$") for v in access(move.op).reads | access(move.op).writes)
+    assert {"own_role." + move.op, "depth." + move.pipeline, "nreg.Load.gathers"} <= set(space.axes([params]))
+    plan = shape.plan(SEED, (move.op,))
+    cand = space.candidate(Point(params, "1xWG+warpgroup@first", SEED, (2,) * len(plan.varied), (), (0,) * len(plan.roles), (move.op,)))
+    assert cand.schedule.pipeline(move.pipeline).depth == 2
+    verify(task, cand)
+
+
+def test_kernel_parameters_that_a_schedule_overrides_give_one_candidate(data_dir):
+    """A loop's num_stages and the block's threads are what a schedule sets instead: KDA's
+    output kernel builds the same warp-specialized kernel for a schedule at each of its 5
+    num_stages and 2 thread counts. Each such point's candidates stand at its class's first
+    point (seed included, so the seed point is still the seed), and the count prunes the
+    others as the same; tilelang's own lowerings, which read both, keep every point."""
+    task = task_of(data_dir / "kda_chunk_o.py", "B=1,S=256,H=2")
+    space = task.space()
+    served = space.served_points()
+    classes = {space.representative(p) for p in served}
+    assert len(served) == 90 and len(classes) == 9
+    assert {dict(p)["num_stages"] for p in classes} == {0} and {dict(p)["threads"] for p in classes} == {128}
+    params = (("block_DK", 64), ("block_DV", 64), ("num_stages", 3), ("threads", 128))
+    first = (("block_DK", 64), ("block_DV", 64), ("num_stages", 0), ("threads", 128))
+    assert space.representative(params) == first and space.representative(first) == first
+    assert space.representative(params[:3] + (("threads", 256),)) == first
+    seed = space.seed_candidate(params)
+    assert seed.params == first and seed.schedule.pipeline("HIDDEN_shared").depth == 3  # this point's seed, at its 3 stages
+    assert space.shape(params).schedule(space.seed_point(params)) == seed.schedule
+    # The premise, in generated code: the seed built at its own point and at the class's first is one kernel.
+    codes = {compiler.code_hash(compiler.compile_kernel(*task.lowered(Candidate.make(dict(p), seed.schedule)))) for p in (params, first)}
+    assert len(codes) == 1 and None not in codes
+    baselines = task.baselines(dict(params))
+    assert {c.params for c in baselines if c.schedule is None} == {params}
+    count = space.count()
+    assert count.pruned["same"] > 0 and re.fullmatch(r"same: (num_stages=[1-4](, )?)?(threads=256)? builds the warp-specialized kernels of (num_stages=0(, )?)?(threads=128)? .*", count.examples["same"])
+    assert {c.params for c in space.candidates()} <= classes
+    # A tile size changes the program: its points stay apart.
+    assert space.representative((("block_DK", 64), ("block_DV", 128), ("num_stages", 3), ("threads", 256)))[:2] == (("block_DK", 64), ("block_DV", 128))
+
+
+def test_a_pipeline_is_no_deeper_than_its_loop_body_runs(data_dir):
+    """KDA's output kernel walks DK in block_DK steps: at block_DK=128 its loop runs once per
+    block, so a second version of any pipeline there is never filled (the same kernel, more
+    shared memory); the rule prunes it, not the seed's own depth. A loop's count is its trips
+    times those of the loops around it: a persistent GEMM's K loop runs once per k-step of
+    every tile the block takes."""
+    task = task_of(data_dir / "kda_chunk_o.py", "B=1,S=256,H=2")
+    space = task.space()
+    params = (("block_DK", 128), ("block_DV", 64), ("num_stages", 0), ("threads", 128))
+    shape = space.shape(params)
+    assert [shape.info.trips[s.id] for s in shape.seed.scopes if s.id != ROOT_SCOPE] == [1]
+    plan = shape.plan(SEED)
+    point = replace(space.seed_point(params), nregs=(0,) * len(plan.roles))  # no setmaxnreg: role_based's budgets break its rule
+    assert isinstance(space.candidate(point), Candidate)
+    deeper = space.candidate(replace(point, depths=(2,) * len(plan.varied)))
+    assert deeper.startswith("depth: pipeline") and "runs 1 times per block" in deeper
+    two = (("block_DK", 64), ("block_DV", 64), ("num_stages", 0), ("threads", 128))
+    assert isinstance(space.candidate(replace(point, params=two, depths=(2,) * len(plan.varied))), Candidate)
+
+    gemm = task_of(ROOT / "examples" / "gemm.py", "M=1024,N=1024,K=1024")
+    flat = dict(GEMM_PARAMS)
+    trips = {persistent: gemm.point_info({**flat, "persistent": persistent}).trips for persistent in (False, True)}
+    assert trips == {False: {"loop_k": 16}, True: {}}  # persistent: a while loop over the tiles, its count unknown

@@ -101,3 +101,22 @@ def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_chan
 
     gemm = Task.isolated(str(example_path), "M=4096,N=4096,K=4096", "block_K=64,persistent=false,mma=sync")
     assert not [c for c in gemm.lowering_starts(gemm.measured_points(timed=True)) if c.lowering is Lowering.REWRITTEN]
+
+
+def test_the_anchor_is_a_seed_the_static_rules_keep(data_dir):
+    """Every ratio is measured against the anchor. DeepSeek-V4's sparse attention at its first
+    point (32-key blocks, 128 threads) has a seed whose accumulators spill; the anchor is the
+    seed of the first point whose seed the rules keep, then that first seed (a seed that
+    breaks a rule may still run), then the reference."""
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.kernel import load_kernel
+
+    spec = load_kernel(data_dir / "sparse_attn_v4.py")
+    task = Task.make(spec, spec.parse_problem("batch=1,seq=64,seq_kv=1024,heads=64,dim=512,topk=256"), spec.params)
+    space = task.space()
+    points = space.served_points()
+    first = space.candidate(space.seed_point(points[0]))
+    assert isinstance(first, str) and first.startswith("spill:")  # the premise
+    kept, fallback, reference = task.anchors(points)
+    assert isinstance(space.candidate(space.seed_point(next(p for p in points if space.seed_candidate(p) == kept))), Candidate)
+    assert fallback == space.seed_candidate(points[0]) and reference.lowering is Lowering.REFERENCE

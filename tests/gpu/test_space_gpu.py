@@ -88,6 +88,11 @@ CASES = {
     # Stop 34: a diffusion LLM's block-causal attention (K and V from one half or the other by an if-else,
     # joined into one copy; a key loop whose trip count depends on the block; boundary tiles masked).
     "block_causal_attn": (DATA / "block_causal_attn.py", "batch=2,heads=8,seq=2048,dim=128,dllm_block=16", {}),
+    # Stop 35: DeepSeek-V4's sparse attention (its gather binds its own index: moved to the Load role; -1
+    # padding masked; a sink), Kimi Delta Attention's chunked output (a gated q written in shared memory;
+    # num_stages and threads only steer tilelang's own lowering: one candidate per kernel).
+    "sparse_attn_v4": (DATA / "sparse_attn_v4.py", "batch=1,seq=256,seq_kv=2048,heads=64,dim=512,topk=512", {}),
+    "kda_chunk_o": (DATA / "kda_chunk_o.py", "B=1,S=2048,H=8", {}),
 }
 
 
