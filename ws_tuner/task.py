@@ -161,7 +161,7 @@ class Task:
         run), else the reference."""
         space = self.space()
         seeds = [c for c in map(space.seed_candidate, points) if isinstance(c, Candidate)]
-        kept = next((c for p in points if isinstance(c := space.candidate(space.seed_point(p)), Candidate)), None)  # type: ignore[arg-type]
+        kept = next((c for p in points if not isinstance(point := space.seed_point(p), str) and isinstance(c := space.candidate(point), Candidate)), None)
         return list(dict.fromkeys(c for c in (kept, *seeds[:1]) if c is not None)) + [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def vendor_baselines(self) -> list[Candidate]:

@@ -25,6 +25,10 @@ def check(problem, params, schedule):
         return f"topk={problem['topk']} is not a multiple of block_N={params['block_N']} (the example asserts it)"
     if problem["heads"] % HEADS_PER_BLOCK:
         return f"heads={problem['heads']} is not a multiple of {HEADS_PER_BLOCK} (each block takes 64 heads)"
+    # Q, KV, P and O's tiles, 2 bytes each: at dim=512 a 128-key block does not launch (274 KB)
+    tiles = (2 * HEADS_PER_BLOCK * problem["dim"] + params["block_N"] * problem["dim"] + HEADS_PER_BLOCK * params["block_N"]) * 2
+    if tiles > 227 * 1024:
+        return f"block_N={params['block_N']} at dim={problem['dim']}: {tiles // 1024} KB of shared tiles, more than a block has (227 KB)"
     return None
 
 
