@@ -259,6 +259,7 @@ def scheduled_program(prepared: Any) -> tuple[str, frozenset[int]]:
     """A digest of the kernel as a schedule lowers it (op ids included; its own schedule, a
     loop's num_stages and the block's threads left out), and the values those two took."""
     text = strip(prepared).script()
+    # 0 too: a loop at num_stages=0 carries no annotation
     values = frozenset({0} | {int(v) for m in _SCHEDULE_SETS.finditer(text) for v in m.groups() if v and v.isdigit()})
     bare = _SCHEDULE_SETS.sub(lambda m: "" if m.group(1) else m.group(0).replace(m.group(3) or m.group(4), "_"), text)
     bare = bare.replace(", annotations={})", ")")

@@ -467,7 +467,7 @@ class ScheduleSpace:
             scope = shape.analysis.scope_of(pipe.buffers[0])
             runs = shape.info.trips.get(scope or "")
             if runs is not None and depth > max(runs, *(seed_depth.get(b, 1) for b in pipe.buffers)):
-                return f"depth: pipeline {pipe.name!r} is {depth} deep, but its loop body runs {runs} times per block"
+                return f"depth: pipeline {pipe.name!r} is {depth} deep, but its loop body runs {runs}x per block"
         return None
 
     def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:

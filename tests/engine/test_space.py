@@ -1152,7 +1152,7 @@ def test_a_pipeline_is_no_deeper_than_its_loop_body_runs(data_dir):
     point = replace(space.seed_point(params), nregs=(0,) * len(plan.roles))  # no setmaxnreg: role_based's budgets break its rule
     assert isinstance(space.candidate(point), Candidate)
     deeper = space.candidate(replace(point, depths=(2,) * len(plan.varied)))
-    assert deeper.startswith("depth: pipeline") and "runs 1 times per block" in deeper
+    assert deeper.startswith("depth: pipeline") and "runs 1x per block" in deeper
     two = (("block_DK", 64), ("block_DV", 64), ("num_stages", 0), ("threads", 128))
     assert isinstance(space.candidate(replace(point, params=two, depths=(2,) * len(plan.varied))), Candidate)
 
