@@ -57,9 +57,10 @@ class SpaceConfig:
     # is then the only choice, and at 8 warps (a thread starts with 248) the only one.
     producer_nreg: tuple[int, ...] = (0, 24, 40, 56)
     consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
-    # Added to a light role's choices where it gathers moved loads through registers
-    # (Movable.feeds): sparse MLA's Load warpgroup ran 317-337 TFLOP/s at 72-136, 177 at
-    # 40, 309 without budgets (H200 run 29).
+    # A light role's choices where it gathers moved loads through registers (Movable.feeds),
+    # beside none at all: sparse MLA's Load warpgroup ran 317-337 TFLOP/s at 72-136, 177 at
+    # 40, 309 without budgets (H200 run 29); DeepSeek-V4's sparse attention 11-17 at 24, 219
+    # without (run 31). A producer's smaller budgets are no choice for gatherers.
     loader_nreg: tuple[int, ...] = (72, 104, 136)
     own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
@@ -198,13 +199,13 @@ class SeedShape:
 
     def nreg_decision(self, role: str, plan: Plan) -> tuple[str, tuple[int, ...]]:
         """The name of a role's budget decision in ``plan`` and its choices. A role that
-        gathers moved loads also takes ``loader_nreg``, under a name of its own: a name
+        gathers moved loads takes ``loader_nreg`` or none, under a name of its own: a name
         keeps one list of choices (Optuna refuses a categorical whose choices change)."""
         c = self.config
         if role in self.analysis.heavy:
             return f"nreg.{role}", c.consumer_nreg
         if role in self.gatherers(plan):
-            return f"nreg.{role}.gathers", c.producer_nreg + c.loader_nreg
+            return f"nreg.{role}.gathers", (0, *c.loader_nreg)
         return f"nreg.{role}", c.producer_nreg
 
     def gatherers(self, plan: Plan) -> frozenset[str]:
