@@ -226,10 +226,9 @@ class ScheduleSpace:
         total = 0
         for label in shape.splits:
             split_reason = self.split_reason(params, shape, label)
-            gather_reason = self._gather_reason(shape, plan, label)
             for nregs in self._nreg_choices(shape, plan):
                 total += 1
-                reason = split_reason or gather_reason or self._register_reason(shape, label, plan, nregs)
+                reason = split_reason or self._register_reason(shape, label, plan, nregs)
                 if reason:
                     kind = reason.split(":", 1)[0]
                     pruned[kind] += 1
@@ -269,7 +268,6 @@ class ScheduleSpace:
             or self._order_reason(shape, plan, point.stages)
             or shape.variants.deadlock(plan, tuple(point.stages), tuple(point.depths))
             or self.split_reason(point.params, shape, point.roles)
-            or self._gather_reason(shape, plan, point.roles)
             or self._register_reason(shape, point.roles, plan, point.nregs)
         )
         if reason:
@@ -506,17 +504,6 @@ class ScheduleSpace:
             return reason
         reason = self._check(dict(params), shape.seed.with_(num_warps=num_warps, roles=roles))
         return f"kernel: {reason}" if reason else None
-
-    def _gather_reason(self, shape: SeedShape, plan: Plan, label: str) -> str | None:
-        """A role that gathers moved loads element by element needs a warpgroup's threads:
-        DeepSeek-V4's sparse attention gathered 64 x 512 keys at 19.9 TFLOP/s with one warp,
-        217.7 with a warpgroup (H200 run 31)."""
-        gatherers = shape.gatherers(plan)
-        if not gatherers:
-            return None
-        roles, _ = shape.roles(label, plan, [0] * len(plan.roles))
-        thin = next((r for r in roles if r.name in gatherers and r.warp_hi - r.warp_lo < 4), None)
-        return f"gathers: role {thin.name} gathers its loads element by element with {thin.warp_hi - thin.warp_lo} warp(s), not a warpgroup" if thin else None
 
     def _register_reason(self, shape: SeedShape, label: str, plan: Plan, nregs: tuple[int, ...]) -> str | None:
         key = (id(shape.analysis), label, plan.roles, nregs, shape.seed.num_warps if label == SEED else 0)
