@@ -59,8 +59,8 @@ class SpaceConfig:
     consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
     # A light role's choices where it gathers moved loads through registers (Movable.feeds),
     # beside none at all: sparse MLA's Load warpgroup ran 317-337 TFLOP/s at 72-136, 177 at
-    # 40, 309 without budgets (H200 run 29); DeepSeek-V4's sparse attention 11-17 at 24, 219
-    # without (run 31). A producer's smaller budgets are no choice for gatherers.
+    # 40, 309 without budgets (H200 run 29); DeepSeek-V4's one-warp Load role, first, 95.7 at
+    # 24 and 219.5 without (run 31). A producer's smaller budgets are no choice for gatherers.
     loader_nreg: tuple[int, ...] = (72, 104, 136)
     own_roles: bool = True  # offer ops a role of their own where the seed allows it
     smem_limit: int = SMEM_LIMIT
