@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ws_tuner import search
 from ws_tuner.builder import LocalBuilder
@@ -141,21 +141,26 @@ def independent(items: list[Entry], *, gpu: int = 0, rounds: int = 3, preheat_s:
         launches[item.label] = (lambda launch=launch, args=args: launch(args))
     bench: dict[str, list[float]] = {k: [] for k in launches}
     loop: dict[str, list[float]] = {k: [] for k in launches}
-    order = list(launches)
+    for label in interleaved(list(launches), rounds):
+        fn = launches[label]
+        preheat(fn, preheat_s)
+        bench[label].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        n = max(int(0.1 / (bench[label][-1] * 1e-3)), 10)
+        start.record()
+        for _ in range(n):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        loop[label].append(start.elapsed_time(stop) / n)
+    return {k: {"do_bench_ms": statistics.median(bench[k]), "loop_ms": statistics.median(loop[k])} for k in launches}
+
+
+def interleaved(labels: list[str], rounds: int) -> Iterator[str]:
+    """The labels ``rounds`` times, the order reversed every other round: each kernel is timed
+    before and after each other one, so that a drifting clock favours none."""
     for r in range(rounds):
-        for label in order if r % 2 == 0 else order[::-1]:
-            fn = launches[label]
-            preheat(fn, preheat_s)
-            bench[label].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            n = max(int(0.1 / (bench[label][-1] * 1e-3)), 10)
-            start.record()
-            for _ in range(n):
-                fn()
-            stop.record()
-            torch.cuda.synchronize()
-            loop[label].append(start.elapsed_time(stop) / n)
-    return {k: {"do_bench_ms": statistics.median(bench[k]), "loop_ms": statistics.median(loop[k])} for k in order}
+        yield from labels if r % 2 == 0 else labels[::-1]
 
 
 def preheat(fn: Callable[[], Any], seconds: float) -> None:
@@ -180,13 +185,11 @@ def settled(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, preheat_s: fl
     handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
     ms: dict[str, list[float]] = {k: [] for k in fns}
     clocks: dict[str, list[tuple[int, int]]] = {k: [] for k in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for label in order if r % 2 == 0 else order[::-1]:
-            preheat(fns[label], preheat_s)
-            ms[label].append(do_bench(fns[label], warmup=25, rep=100, return_mode="median"))
-            clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)))
-    return {k: {"do_bench_ms": round(statistics.median(ms[k]), 4), "sm_mhz_power_w": clocks[k]} for k in order}
+    for label in interleaved(list(fns), rounds):
+        preheat(fns[label], preheat_s)
+        ms[label].append(do_bench(fns[label], warmup=25, rep=100, return_mode="median"))
+        clocks[label].append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)))
+    return {k: {"do_bench_ms": round(statistics.median(ms[k]), 4), "sm_mhz_power_w": clocks[k]} for k in fns}
 
 
 def launchers(path: Path, problem: dict[str, Any] | str, points: dict[str, tuple[str, str]], *, vendors: bool = True) -> dict[str, Callable[[list[Any]], Any]]:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -306,11 +307,13 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
         return {}
     allocated = {b.data: str(b.name) for b in block.alloc_buffers}
     bound: dict[Any, str] = {}
+    named: Counter = Counter()
 
     def bind(node: Any) -> None:
-        if isinstance(node, tvm.tirx.Bind) and node.var not in bound:  # two ``idx = ...`` are two variables
+        if isinstance(node, tvm.tirx.Bind) and node.var not in bound:  # two ``idx = ...`` are two variables: $idx, $idx.1
             name = "$" + str(node.var.name)
-            bound[node.var] = next(n for i in range(len(bound) + 1) if (n := name if i == 0 else f"{name}.{i}") not in bound.values())
+            bound[node.var] = f"{name}.{named[name]}" if named[name] else name
+            named[name] += 1
 
     stmt_functor.post_order_visit(block.body, bind)
     # An op inside an ``if`` runs under its condition: the schedule places the guard with

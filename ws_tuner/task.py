@@ -160,9 +160,9 @@ class Task:
         the first point that has one (a seed that spills or overflows shared memory may still
         run), else the reference."""
         space = self.space()
-        seeds = [c for c in map(space.seed_candidate, points) if isinstance(c, Candidate)]
+        first = next((c for c in map(space.seed_candidate, points) if isinstance(c, Candidate)), None)
         kept = next((c for p in points if not isinstance(point := space.seed_point(p), str) and isinstance(c := space.candidate(point), Candidate)), None)
-        return list(dict.fromkeys(c for c in (kept, *seeds[:1]) if c is not None)) + [Candidate.make({}, None, Lowering.REFERENCE)]
+        return list(dict.fromkeys(c for c in (kept, first) if c is not None)) + [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def vendor_baselines(self) -> list[Candidate]:
         """The vendor libraries to time (the kernel file's ``vendors``), else its reference."""
