@@ -50,8 +50,8 @@ def main() -> None:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--repeat", default=None, help="shape to tune a second time (fresh database, other seed)")
     ap.add_argument("--time-budget", type=float, default=None,
-                    help="seconds of wall time per shape before the search stops (as ws-tune tune --time-budget: "
-                         "the grid's baselines count toward it and are measured in full; the tournament comes on top)")
+                    help="seconds of search per shape (as ws-tune tune --time-budget: the clock starts after the "
+                         "grid's baselines, which are measured in full; the tournament comes on top)")
     ap.add_argument("--grid", default=None, help="kernel-parameter grid as JSON (default: GRID)")
     args = ap.parse_args()
     grid = {k: tuple(v) for k, v in json.loads(args.grid).items()} if args.grid else GRID

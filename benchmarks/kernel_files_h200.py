@@ -34,7 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget", type=int, default=16)
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds per file before the search stops (baselines in full)")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds of search per file, after its baselines (as ws-tune tune --time-budget)")
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("runs", nargs="+", metavar="FILE@SHAPE[@PARAMS]")

@@ -110,7 +110,7 @@ class JobCreate(_Strict):
     params: text(1, 1024) | None = Field(None, description="Pinned kernel parameters, e.g. 'block_M=128'")  # type: ignore[valid-type]
     budget: Annotated[int, Field(ge=1, le=MAX_BUDGET), Whole] = Field(64, description="Search candidates to measure")
     time_budget: float | None = Field(
-        None, gt=0, le=30 * 86400, allow_inf_nan=False, description="Stop claiming new candidates after this many seconds"
+        None, gt=0, le=30 * 86400, allow_inf_nan=False, description="Seconds of search: no search candidate is claimed past them; the clock starts with the first search candidate, after the baselines"
     )
     strategy: Strategy = "tpe"
     seed: Annotated[int, Field(ge=0, le=2**31 - 1), Whole] = 0

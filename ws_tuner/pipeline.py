@@ -222,6 +222,8 @@ class Pipeline:
         self._results: dict[str, TrialResult] = {}  # candidate hash -> its result, this run
         self._measured: dict[str, TrialResult] = {}  # generated-code hash -> its measurement
         self._waiting: dict[str, list[_Work]] = {}  # generated-code hash -> built candidates sharing a run in flight
+        self._time_budget = math.inf  # seconds of search (run)
+        self._search_started: float | None = None  # when the first search place was asked for
         for trial in known.values():
             code = trial.result.info.get("code_hash")
             if code and trial.result.status is not Status.BUILT and "shared_with" not in trial.result.info:
@@ -243,32 +245,40 @@ class Pipeline:
         return None
 
     # --- the loop -------------------------------------------------------------------
-    def run(self, deadline: float = math.inf) -> None:
+    def run(self, time_budget: float | None = None) -> None:
         """Claim, propose, build, run and record until the recorder has no more
-        places and nothing is in flight. The deadline ends the search: past it no
-        search place is taken, while the baselines and warm starts queued before the
-        search, and whatever is in flight, are measured and recorded (as Optuna's
-        timeout lets a running trial finish): a budget shorter than the kernel's
-        first builds still yields its baselines. The builder's and runner's
+        places and nothing is in flight. ``time_budget`` is the search's own clock, in
+        seconds: it starts when the recorder hands out the first search place, after the
+        baselines and warm starts (a grid of 90 kernel-parameter points has some 400 of
+        them, which a clock from the start spent before any search), and past it no
+        search place is taken, while whatever is in flight is measured and recorded (as
+        Optuna's timeout lets a running trial finish). The builder's and runner's
         timeouts bound the wait."""
         start = time.monotonic()
+        self._time_budget = math.inf if time_budget is None else time_budget
         try:
-            self._loop(deadline)
+            self._loop()
         finally:
             self.report.search_seconds += time.monotonic() - start
 
-    def _loop(self, deadline: float) -> None:
+    def _loop(self) -> None:
         claiming = True
         while True:
             if self.recorder.stopping():
                 break
             while claiming and len(self._in_flight) < self.options.max_in_flight:
-                claiming = self._claim_one(searching=time.monotonic() < deadline)
+                claiming = self._claim_one()
             if not self._in_flight:
                 break
             done, _ = wait(list(self._in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in done:
                 self._advance(fut, self._in_flight.pop(fut))
+
+    def _searching(self) -> bool:
+        """Whether the search's clock leaves time for one more place; the first asking starts it."""
+        if self._search_started is None:
+            self._search_started = time.monotonic()
+        return time.monotonic() - self._search_started < self._time_budget
 
     def abandon(self) -> list[Slot]:
         """Stop now: cancel what is in flight and hand its slots to the caller."""
@@ -278,11 +288,11 @@ class Pipeline:
         self._in_flight.clear()
         return slots
 
-    def _claim_one(self, searching: bool = True) -> bool:
+    def _claim_one(self) -> bool:
         slot = self.recorder.claim()
         if slot is None:
             return False
-        if slot.candidate is None and not searching:
+        if slot.candidate is None and not self._searching():
             self.report.out_of_time = True
             self.recorder.release(slot, exhausted=True)
             return False

@@ -102,16 +102,24 @@ class SlowBuilder(ConcurrentBuilder):
         return self._thread.submit(lambda: (time.sleep(0.3), VerifyOnlyBuilder.submit(self, build_input).result())[1])
 
 
-def test_a_time_budget_ends_the_search_not_the_baselines(task, store):
-    """A time budget shorter than the first builds (an attention kernel's take
-    20 s) still measures the baselines: past the deadline no search candidate
-    starts, and nothing in flight is dropped."""
-    report, builder = tune(task, store, budget=12, builder=SlowBuilder(), jobs=1, time_budget=0.1)
+def test_a_time_budget_is_the_search_s_own_clock(task, store):
+    """The baselines take longer than the whole time budget (17 builds of 0.3 s, one at a
+    time) and are measured in full; the search still gets its seconds after them, and
+    past them no search candidate starts while nothing in flight is dropped."""
+    start = time.monotonic()
+    report, builder = tune(task, store, budget=12, builder=SlowBuilder(), jobs=1, time_budget=1.0)
     roles = [r.role for r in report.records]
     assert roles.count(BASELINE) == 4 * len(list(task.space().param_points())) + len(task.vendor_baselines()), roles  # seed, default, no_ws, role_based; cuBLAS
-    assert SEARCH not in roles and report.out_of_time
+    assert time.monotonic() - start > 3.0  # the baselines alone outlasted the budget ...
+    assert 1 <= roles.count(SEARCH) < 12 and report.out_of_time  # ... and the search ran, then the clock ended it
     assert sorted(r.candidate.hash for r in report.records) == sorted(builder.submitted)
     assert all(r.result.status is Status.OK for r in report.records)
+
+
+def test_a_time_budget_of_zero_measures_the_baselines_only(task, store):
+    report, _ = tune(task, store, budget=12, jobs=1, time_budget=0.0)
+    roles = [r.role for r in report.records]
+    assert SEARCH not in roles and BASELINE in roles and report.out_of_time
 
 
 def test_failures_are_recorded_and_never_win(task, store):

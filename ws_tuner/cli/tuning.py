@@ -37,7 +37,7 @@ def tune(
     param: Optional[str] = ParamOpt,
     space_config: Optional[Path] = SpaceOpt,
     budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
-    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Seconds of wall time before the search stops (baselines are measured in full)"),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Seconds of search: its clock starts after the baselines and warm starts, which are measured in full"),
     strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
     compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing"),
     db: Optional[str] = DbOpt,
@@ -118,7 +118,7 @@ def _print_report(report: Any, task: Any) -> None:
     out.print(table)
     for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records]):
         out.print(line)
-    if report.out_of_time:  # a budget shorter than preparing the points leaves the baselines only: say so
+    if report.out_of_time:
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
     if report.compile_only:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")

@@ -83,12 +83,15 @@ class Leases(OnStore):
                 assert row is not None
                 return slot_lease(row)
             job = session.execute(
-                select(JobModel.started_at, JobModel.time_budget, JobModel.state).where(JobModel.id == job_id)
+                select(JobModel.time_budget, JobModel.state).where(JobModel.id == job_id)
             ).first()
             if job is None or job.state != RUNNING:
                 return None
-            if job.time_budget is not None and job.started_at is not None:
-                if (self.sql.clock(session) - utc(job.started_at)).total_seconds() >= job.time_budget:
+            if job.time_budget is not None:
+                # The search's own clock, as the CLI's (Pipeline.run): it starts with the job's first search slot.
+                first = session.scalar(select(func.min(JobTrialModel.created_at)).where(JobTrialModel.job_id == job_id, JobTrialModel.kind == SEARCH))
+                elapsed = 0.0 if first is None else (self.sql.clock(session) - utc(first)).total_seconds()
+                if elapsed >= job.time_budget:
                     session.execute(update(JobModel).where(JobModel.id == job_id).values(exhausted=True, updated_at=self.sql.now()))
                     return None
             claimed = session.scalar(
@@ -102,7 +105,7 @@ class Leases(OnStore):
                 return None
             row = JobTrialModel(
                 job_id=job_id, slot=claimed - 1, kind=SEARCH, state=RUNNING, attempts=1, epoch=1,
-                worker_id=worker_id, heartbeat_at=now,
+                worker_id=worker_id, heartbeat_at=now, created_at=now,  # milliseconds on SQLite too: the search's clock
             )  # fmt: skip
             session.add(row)
             session.flush()
