@@ -10,7 +10,9 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
   write, as tilelang's warp partition must, and split rows only where one
   MMA's accumulator feeds another's register operand;
 - ``spill_reason``: each role's accumulators fit its registers per thread,
-  and each warpgroup MMA instruction fits what the launch gives a thread.
+  and each warpgroup MMA instruction fits what the launch gives a thread;
+- ``gather_reason``: a role of less than a warpgroup that gathers element by element
+  starts at warp 0, where tilelang vectorises its gather.
 """
 
 from __future__ import annotations
@@ -169,4 +171,21 @@ def register_reason(schedule: Schedule) -> str | None:
     budget = sum(budgets.get(warp // WARPS_PER_GROUP, 0) or start for warp in range(schedule.num_warps)) * THREADS_PER_WARP
     if budget > pool:
         return f"registers: sum of nreg x threads = {budget} > the {pool} the block launches with ({schedule.threads} threads x {start})"
+    return None
+
+
+def gather_reason(schedule: Schedule, gatherers: frozenset[str]) -> str | None:
+    """Whether each role of less than a warpgroup that gathers loads element by element
+    (through registers, into shared memory) starts at warp 0. Elsewhere tilelang 0.1.15
+    keeps the warp's thread offset in the gather's swizzled shared-memory index, and at
+    some layouts then vectorises nothing: 8 scalar loads and stores per 16 bytes where
+    warp 0 issues one of each (the CUDA of sparse MLA's and DeepSeek-V4's gathers at head
+    dim 512 from warps 1, 2, 8, 9 and 11; at dim 128, and for a warpgroup at warp 8, the
+    accesses stay 16 bytes). DeepSeek-V4's ran 11x slower from warp 8 than from warp 0
+    (19.9 against 217.7 TFLOP/s, H200 run 31). Warp 0 vectorised at every layout seen,
+    and the schedule is otherwise the same, so nothing faster is lost."""
+    for role in schedule.roles:
+        if role.name in gatherers and role.warps < WARPS_PER_GROUP and role.warp_lo != 0:
+            return (f"gather: role {role.name} gathers element by element in {role.warps} warp(s) from warp {role.warp_lo}; "
+                    "tilelang vectorises such a gather at warp 0 only")  # fmt: skip
     return None

@@ -241,8 +241,9 @@ class SeedShape:
             for i, name in enumerate(plan.roles[len(self.seed.roles) :]):
                 ranges[name] = (end + i, end + i + 1)
             num_warps = max(self.seed.num_warps, -(-(end + len(plan.roles) - len(self.seed.roles)) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
-        else:
-            ranges, num_warps = split.place(plan.roles, self.analysis.heavy)
+        else:  # gathering roles first among the light ones: tilelang vectorises a one-warp gather at warp 0 only (rules.gather_reason)
+            gatherers = self.gatherers(plan)
+            ranges, num_warps = split.place(sorted(plan.roles, key=lambda r: r not in gatherers), self.analysis.heavy)
         return tuple(Role(name, *ranges[name], nreg) for name, nreg in zip(plan.roles, nregs)), num_warps
 
     def seed_point(self, params: ParamsKey) -> Point:

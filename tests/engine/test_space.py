@@ -1160,3 +1160,35 @@ def test_a_pipeline_is_no_deeper_than_its_loop_body_runs(data_dir):
     flat = dict(GEMM_PARAMS)
     trips = {persistent: gemm.point_info({**flat, "persistent": persistent}).trips for persistent in (False, True)}
     assert trips == {False: {"loop_k": 16}, True: {}}  # persistent: a while loop over the tiles, its count unknown
+
+
+def test_a_one_warp_gather_stands_at_warp_0(data_dir):
+    """The premise, in generated code: DeepSeek-V4's gather (head dim 512) in a one-warp
+    Load role is one 16-byte load and store per 8 elements at warp 0 and 8 scalar ones at
+    warp 8. The space places gathering roles first among the light ones, and the rule
+    prunes a one-warp gather anywhere else; a warpgroup's stays where it is."""
+    task = task_of(data_dir / "sparse_attn_v4.py", "batch=1,seq=64,seq_kv=1024,heads=64,dim=512,topk=256")
+    params = (("block_N", 32), ("num_stages", 1), ("threads", 256))
+    space = task.space()
+    shape = space.shape(params)
+    [move] = shape.analysis.movable
+    plan = shape.plan(SEED, (move.op,))
+    assert shape.gatherers(plan) == {"Load"} and set(plan.roles) == {"Worker", "Load", "Store"}
+
+    def point(label: str) -> Point:
+        return Point(params, label, SEED, (2,) * len(plan.varied), (), (0,) * len(plan.roles), (move.op,))
+
+    first = space.candidate(point("2xWG+warp@first"))
+    assert {r.name: (r.warp_lo, r.warp_hi) for r in first.schedule.roles} == {"Load": (0, 1), "Store": (1, 2), "Worker": (4, 12)}
+    assert space.candidate(point("2xWG+warp@last")).startswith("gather: role Load gathers element by element in 1 warp(s) from warp 8")
+    assert space.count().pruned["gather"] > 0
+
+    def gather_code(schedule: Schedule) -> str:
+        func, configs = task.lowered(Candidate.make(dict(first.params), schedule))
+        return compiler.compile_kernel(func, configs).get_kernel_source()
+
+    last = replace(first.schedule, roles=tuple(replace(r, warp_lo=lo, warp_hi=hi) for r, (lo, hi) in zip(
+        first.schedule.roles, [{"Worker": (0, 8), "Load": (8, 9), "Store": (9, 10)}[r.name] for r in first.schedule.roles])))  # fmt: skip
+    at_0, at_8 = gather_code(first.schedule), gather_code(last)
+    assert "uint4 condval" in at_0 and "bfloat16_t condval" not in at_0
+    assert "bfloat16_t condval" in at_8 and "uint4 condval" not in at_8

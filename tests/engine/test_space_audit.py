@@ -23,7 +23,7 @@ from ws_tuner.workload import Environment, WorkloadKey
 ROOT = Path(__file__).resolve().parents[2]
 # The static rules of ScheduleSpace.candidate, by the kind a reason starts with.
 # "seed": kernel parameters where role_based gives no seed (blocksparse_gemm.py beyond one stage).
-RULES = {"kernel", "seed", "same", "depth", "smem", "order", "deadlock", "threads", "mma", "nreg", "alignment", "registers", "spill"}
+RULES = {"kernel", "seed", "same", "depth", "smem", "order", "deadlock", "threads", "mma", "nreg", "alignment", "registers", "spill", "gather"}
 
 
 def _load(name: str):
