@@ -22,4 +22,5 @@ for arg in "$@"; do
   esac
 done
 for f in $OUT/*/*/*.db; do [ -f "$f" ] && python3 benchmarks/trials_tsv.py --delete "$f"; done
-cd $OUT && tar -czf run.tgz --exclude=run.tgz . && ls -la $OUT
+# The tarball is written outside $OUT: one written into the folder it archives "changed as we read it" (rc 1).
+cd $OUT && tar -czf /tmp/run.tgz . && mv /tmp/run.tgz $OUT/ && ls -la $OUT
