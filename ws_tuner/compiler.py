@@ -840,15 +840,30 @@ _FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_r
 # well: with fused MoE's token rows staged through shared memory it is right (as written it
 # is WRONG) and as fast as the best schedule; with block-causal attention's K and V joined into
 # one copy each, 1.45x faster (H200 run 30). ws-tune measures that lowering as a candidate
-# of its own wherever they change the kernel.
-_MOVES_DATA = (_unstage_inputs, _stage_operands, _join_branch_copies)
+# of its own wherever they change the kernel; each is named as a user would make it by hand.
+_MOVES_DATA = (
+    (_unstage_inputs, "a register copy of an input that steers loads is read from the input in place"),
+    (_stage_operands, "an MMA operand loaded into registers goes through shared memory"),
+    (_join_branch_copies, "a copy of one of two tiles, chosen by a condition, is one copy with the condition in its index"),
+)
 
 
 def rewritten(func: Any) -> Any:
     """The kernel with ws-tune's rewrites of how it moves data (structurally equal where none applies)."""
-    for rewrite in _MOVES_DATA:
+    for rewrite, _ in _MOVES_DATA:
         func = rewrite(func)
     return func
+
+
+def rewrites(func: Any) -> list[str]:
+    """What ``rewritten`` changes in ``func``: one line per rewrite that applies."""
+    out = []
+    for rewrite, what in _MOVES_DATA:
+        new = rewrite(func)
+        if not tvm.ir.structural_equal(new, func):
+            out.append(what)
+        func = new
+    return out
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ class Task:
             return self.recorded.info(params)
         func = self.primfunc(params)
         plain = compiler.strip(func)
-        rewritten = not compiler.tvm.ir.structural_equal(compiler.rewritten(plain), plain)
+        rewritten = bool(compiler.rewrites(plain))
         try:
             prepared, seed = compiler.prepare(func)
         except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
@@ -153,6 +154,22 @@ class Task:
         """The PrimFunc (schedule attached) and pass configs that build the candidate."""
         func = self.primfunc(candidate.param_dict)
         return compiler.lower_for(func, candidate.lowering, candidate.schedule)
+
+    def source(self, candidate: Candidate) -> str | None:
+        """What to write to build the candidate without ws-tune: its schedule as TileLang
+        code. The ``rewritten`` lowering has none: what ws-tune changed in the kernel, as a
+        diff of its TVMScript at the candidate's parameters (the kernel file's Python is
+        edited the same way; tilelang's default lowering then builds it). None for
+        tilelang's own lowerings and the reference: the kernel file as it is."""
+        if candidate.schedule is not None:
+            return candidate.schedule.to_source()
+        if candidate.lowering is not Lowering.REWRITTEN:
+            return None
+        func = compiler.strip(self.primfunc(candidate.param_dict))
+        changes = "".join(f"#   - {what}\n" for what in compiler.rewrites(func))
+        diff = difflib.unified_diff(func.script().splitlines(), compiler.rewritten(func).script().splitlines(),
+                                    "as written", "as ws-tune rewrote it", n=1, lineterm="")  # fmt: skip
+        return f"# tilelang's default lowering of the kernel with ws-tune's changes, at {_fmt(candidate.param_dict)}:\n{changes}" + "\n".join(diff)
 
     def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
         """Anchor choices, best first: the seed schedule (a kernel of the same family and

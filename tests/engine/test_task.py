@@ -85,7 +85,7 @@ def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_chan
     its own at every point, recorded by the isolated task too, and it builds for sm_90a with no
     pass configs. A kernel that no rewrite changes (the GEMM example) gets none."""
     from ws_tuner import compiler
-    from ws_tuner.candidate import Lowering
+    from ws_tuner.candidate import Candidate, Lowering
     from ws_tuner.kernel import load_kernel
 
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # a real compile
@@ -98,6 +98,12 @@ def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_chan
     func, configs = local.lowered(rewritten[0])
     assert configs == {} and "T.copy(T.region(K[bz, T.if_then_else(is_noisy_diag != 0" in func.script()
     assert compiler.compile_kernel(func, configs).get_kernel_source()
+    # A winner without a schedule still says what to write: the change, named and as a diff.
+    lines = local.source(rewritten[0]).splitlines()
+    assert lines[1] == "#   - a copy of one of two tiles, chosen by a condition, is one copy with the condition in its index"
+    assert sum(line.startswith("-") and line[1:].strip() == "if is_noisy_diag != 0:" for line in lines) == 2  # K's and V's
+    assert sum(line.startswith("+") and "T.if_then_else(is_noisy_diag != 0" in line for line in lines) == 2
+    assert local.source(Candidate.make(dict(points[0]), None, Lowering.DEFAULT)) is None
 
     gemm = Task.isolated(str(example_path), "M=4096,N=4096,K=4096", "block_K=64,persistent=false,mma=sync")
     assert not [c for c in gemm.lowering_starts(gemm.measured_points(timed=True)) if c.lowering is Lowering.REWRITTEN]

@@ -59,8 +59,9 @@ def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt,
     state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
     vs = f", {r.ratio:.3f}x the anchor's time" if r.ratio is not None else ""
     out.print(f"# {trial.candidate.describe()}  {r.tflops:.0f} TFLOP/s, {r.timing.median_ms:.4f} ms{vs}; {state}")
-    if trial.candidate.schedule is not None:
-        out.print(trial.candidate.schedule.to_source())
+    source = task.source(trial.candidate)
+    if source is not None:
+        out.print(source)
     out.print(json.dumps(trial.candidate.to_json(), indent=2))
 
 
@@ -90,7 +91,7 @@ def export(
                 "confirmed": t.result.confirmed,
                 "sm_clock_median_mhz": t.result.info.get("sm_clock_median_mhz"),
                 "power_w": t.result.info.get("power_w"),
-                "source": t.candidate.schedule.to_source() if t.candidate.schedule else None,
+                "source": task.source(t.candidate),
             }
             for t in trials
         ],

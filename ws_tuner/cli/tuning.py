@@ -100,8 +100,6 @@ def tune(
 
 
 def _print_report(report: Any, task: Any) -> None:
-    from ..candidate import Lowering
-
     counts = report.counts()
     table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
     table.add_column("outcome")
@@ -137,10 +135,9 @@ def _print_report(report: Any, task: Any) -> None:
         out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
     if best is not None:
         out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
-        if best.candidate.lowering is Lowering.WS:
-            out.print(best.candidate.schedule.to_source())
-        else:  # no schedule to paste: the kernel must be rewritten as ws-tune rewrote it
-            out.print("tilelang's default lowering of the kernel as ws-tune rewrites it (compiler.rewritten): no schedule")
+        source = task.source(best.candidate)
+        if source is not None:
+            out.print(source)
 
 
 def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
