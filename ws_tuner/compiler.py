@@ -405,7 +405,18 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)
-    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas))
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas), _parallel_elements(stmt))
+
+
+def _parallel_elements(stmt: Any) -> int:
+    """The iterations of a T.Parallel loop nest (its perfectly nested parallel loops), where
+    its extents are constant; 0 for anything else."""
+    n = 0
+    while isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL:
+        if not isinstance(stmt.extent, tvm.tirx.IntImm):
+            return 0
+        n, stmt = max(n, 1) * stmt.extent.value, stmt.body
+    return n
 
 
 def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:

@@ -12,7 +12,8 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 - ``spill_reason``: each role's accumulators fit its registers per thread,
   and each warpgroup MMA instruction fits what the launch gives a thread;
 - ``gather_reason``: a role of less than a warpgroup that gathers element by element
-  starts at warp 0, where tilelang vectorises its gather.
+  starts at warp 0, where tilelang vectorises its gather;
+- ``loop_reason``: each role's threads can share out its element-wise loops.
 """
 
 from __future__ import annotations
@@ -188,4 +189,20 @@ def gather_reason(schedule: Schedule, gatherers: frozenset[str]) -> str | None:
         if role.name in gatherers and role.warps < WARPS_PER_GROUP and role.warp_lo != 0:
             return (f"gather: role {role.name} gathers element by element in {role.warps} warp(s) from warp {role.warp_lo}; "
                     "tilelang vectorises such a gather at warp 0 only")  # fmt: skip
+    return None
+
+
+def loop_reason(schedule: Schedule, elements: dict[str, frozenset[int]]) -> str | None:
+    """Whether each role's threads can share out its element-wise (T.Parallel) loops, of
+    ``elements`` iterations per role. tilelang 0.1.15 lays a loop of E iterations over T
+    threads where E <= T (one each, the rest idle) or T divides E; otherwise layout
+    inference finds no layout ("no available layout found"). Seen in plain kernels: 512,
+    640 and 8 x 1024 over 384 threads, 129 and 3 x 100 over 128, 160 over 96 fail; 8, 96,
+    256, 768, 1152 over 384 and 100, 120, 384 over 128 build. RMSNorm's 12-warp Worker
+    met it (stop 35's audit)."""
+    for role in schedule.roles:
+        threads = role.warps * THREADS_PER_WARP
+        for n in sorted(elements.get(role.name, ())):
+            if n > threads and n % threads:
+                return f"loop: role {role.name}'s element-wise loop of {n} iterations: its {threads} threads neither cover nor divide them"
     return None

@@ -81,13 +81,15 @@ class OpAccess:
     by name, scalar variables it binds as "$name". ``issues_async``: it starts
     work that finishes later (an async MMA); ``retires_async``: it waits for
     such work of its role to finish. ``mmas``: the MMA calls in it (its role's
-    warps must split their tiles)."""
+    warps must split their tiles). ``elements``: the iterations of an element-wise
+    loop nest, which its role's threads share out."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
     issues_async: bool = False
     retires_async: bool = False
     mmas: tuple[Mma, ...] = ()
+    elements: int = 0  # an element-wise (T.Parallel) loop nest: its iterations, where constant; else 0
 
     @property
     def touched(self) -> frozenset[str]:

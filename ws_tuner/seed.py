@@ -121,6 +121,18 @@ class Seed:
             out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained, m.bits) for m in mmas)
         return out
 
+    @functools.cache  # noqa: B019 - one Seed per analysed seed, kept as long as its space
+    def loop_elements(self, moved: tuple[str, ...] = ()) -> dict[str, frozenset[int]]:
+        """Per role: the iterations of its element-wise loops, with the ``moved`` ops'
+        loops in their new roles."""
+        moves = {op: m.new_role for m in self.movable if m.op in moved for op in m.ops}
+        out: dict[str, set[int]] = {}
+        for role in self.role_names:
+            for op in self._ops_of(role):
+                if self.access(op).elements:
+                    out.setdefault(moves.get(op, role), set()).add(self.access(op).elements)
+        return {role: frozenset(n) for role, n in out.items()}
+
     @functools.cached_property
     def accumulator_words(self) -> dict[str, int]:
         """Per role: the 32-bit words of its MMAs' accumulators (each once), live

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .rules import MAX_THREADS, gather_reason, mma_reason, register_reason, spill_reason
+from .rules import MAX_THREADS, gather_reason, loop_reason, mma_reason, register_reason, spill_reason
 from .schedule import THREADS_PER_WARP, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -506,11 +506,11 @@ class ScheduleSpace:
         return f"kernel: {reason}" if reason else None
 
     def _register_reason(self, shape: SeedShape, label: str, plan: Plan, nregs: tuple[int, ...]) -> str | None:
-        gatherers = shape.gatherers(plan)
-        key = (id(shape.analysis), label, plan.roles, gatherers, nregs, shape.seed.num_warps if label == SEED else 0)
+        key = (id(shape.analysis), label, plan.roles, plan.moved, nregs, shape.seed.num_warps if label == SEED else 0)
         if key not in self._register_reasons:
             roles, num_warps = shape.roles(label, plan, nregs)
             schedule = Schedule(num_warps, roles, ())
-            self._register_reasons[key] = (register_reason(schedule) or spill_reason(schedule, shape.analysis.accumulator_words, shape.analysis.mma_tiles)
-                                           or gather_reason(schedule, gatherers))  # fmt: skip
+            analysis = shape.analysis
+            self._register_reasons[key] = (register_reason(schedule) or spill_reason(schedule, analysis.accumulator_words, analysis.mma_tiles)
+                                           or gather_reason(schedule, shape.gatherers(plan)) or loop_reason(schedule, analysis.loop_elements(plan.moved)))  # fmt: skip
         return self._register_reasons[key]

@@ -21,7 +21,7 @@ from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, mma_reason, register_reason, spill_reason, wgmma_partition
+from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, loop_reason, mma_reason, register_reason, spill_reason, wgmma_partition
 from ws_tuner.space import MERGED, SEED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
@@ -1192,3 +1192,43 @@ def test_a_one_warp_gather_stands_at_warp_0(data_dir):
     at_0, at_8 = gather_code(first.schedule), gather_code(last)
     assert "uint4 condval" in at_0 and "bfloat16_t condval" not in at_0
     assert "bfloat16_t condval" in at_8 and "uint4 condval" not in at_8
+
+
+@pytest.mark.parametrize("rows,cols,threads", [(1, 512, 384), (8, 1024, 384), (1, 129, 128), (1, 768, 384), (1, 256, 384), (1, 100, 128)])
+def test_an_element_wise_loop_needs_threads_that_cover_or_divide_it(rows, cols, threads):
+    """The premise of the loop rule, in a plain kernel: tilelang lays a T.Parallel loop of E
+    iterations over T threads only where E <= T or T divides E."""
+    import tilelang.language as T
+
+    @T.prim_func
+    def scale(X: T.Tensor((rows, cols), "float32"), Y: T.Tensor((rows, cols), "float32")):
+        with T.Kernel(1, threads=threads):
+            s = T.alloc_shared((rows, cols), "float32")
+            f = T.alloc_fragment((rows, cols), "float32")
+            T.copy(X, s)
+            for i, j in T.Parallel(rows, cols):
+                f[i, j] = s[i, j] * 2.0
+            T.copy(f, Y)
+
+    role = Role("Worker", 0, threads // 32)
+    reason = loop_reason(Schedule(threads // 32, (role,), ()), {"Worker": frozenset({rows * cols})})
+    if reason is None:
+        assert compiler.compile_kernel(scale).get_kernel_source()
+    else:
+        assert reason == f"loop: role Worker's element-wise loop of {rows * cols} iterations: its {threads} threads neither cover nor divide them"
+        with pytest.raises(compiler.CompilerError, match="no available layout found"):
+            compiler.compile_kernel(scale)
+
+
+def test_the_loop_rule_prunes_rmsnorm_s_12_warp_worker(data_dir):
+    """RMSNorm's element-wise loops (8 x 1024 at blk_m=8, blk_k=1024) in a 12-warp Worker: the
+    case stop 35's nvcc audit met, now pruned before it is built."""
+    task = task_of(data_dir / "rmsnorm.py", "M=8192,N=8192")
+    space = task.space()
+    params = (("blk_k", 1024), ("blk_m", 8), ("num_stages", 1), ("threads", 128))
+    shape = space.shape(params)
+    assert 8 * 1024 in shape.analysis.loop_elements()["Worker"]
+    plan = shape.plan(shape.layouts()[0])
+    point = replace(shape.seed_point(params), roles="3xWG+warp@first", nregs=(0,) * len(plan.roles))
+    assert space.candidate(point).startswith("loop: role Worker's element-wise loop of 8192 iterations: its 384 threads")
+    assert isinstance(space.candidate(replace(point, roles="2xWG+warp@first")), Candidate)
