@@ -288,8 +288,18 @@ def loop_trips(func: Any) -> dict[str, int]:
     return trips
 
 
-# Hopper MMAs that return before they finish, and the ops that retire them.
-ASYNC_ISSUE_OPS = frozenset({"tl.tileop.wgmma_gemm", "tl.tileop.gemm"})  # a gemm is async only with wg_wait != 0
+# The MMA tile ops and their argument slots: (A region, C region, first of M, N, K,
+# policy). A sparse gemm's regions are A, E (its metadata), B, C, then three transposes.
+MMA_SLOTS = {
+    "tl.tileop.gemm": (0, 2, 5),
+    "tl.tileop.wgmma_gemm": (0, 2, 5),
+    "tl.tileop.gemm_sp": (0, 3, 7),
+    "tl.tileop.wgmma_gemm_sp": (0, 3, 7),
+}
+# Hopper MMAs return before they finish (T.gemm and T.gemm_sp only with wg_wait != 0), and
+# the ops that retire them.
+ASYNC_ISSUE_OPS = frozenset(MMA_SLOTS)
+SYNC_UNLESS_WAIT = frozenset({"tl.tileop.gemm", "tl.tileop.gemm_sp"})
 ASYNC_RETIRE_OPS = frozenset({"tl.wait_wgmma"})
 
 
@@ -384,7 +394,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 writes.add(name)
         elif name in ASYNC_ISSUE_OPS:
             wait = int(dict(getattr(call, "annotations", {}) or {}).get("wg_wait", 0))
-            issues = issues or wait != 0 or name != "tl.tileop.gemm"
+            issues = issues or wait != 0 or name not in SYNC_UNLESS_WAIT
             retires = retires or wait > 0
             mmas += _mma(call, allocated)
         elif name in ASYNC_RETIRE_OPS:
@@ -420,16 +430,17 @@ def _parallel_elements(stmt: Any) -> int:
 
 
 def _mma(call: Any, allocated: dict[Any, str]) -> list[Mma]:
-    """The MMA of a gemm call (its slots: A, B, C regions, transposes, M, N, K,
-    policy, ...), where its tile is static and its accumulator a fragment."""
-    regions = [a for a in call.args[:3] if _is_region(a)]
-    if len(regions) < 3 or "fragment" not in regions[2].args[0].buffer.scope():
+    """The MMA of a gemm call (its slots: ``MMA_SLOTS``), where its tile is static and its
+    accumulator a fragment."""
+    a_slot, c_slot, m_slot = MMA_SLOTS[call.op.name]
+    args = call.args
+    if len(args) < m_slot + 4 or not (_is_region(args[a_slot]) and _is_region(args[c_slot])) or "fragment" not in args[c_slot].args[0].buffer.scope():
         return []
-    ints = [getattr(a, "value", None) for a in call.args[5:9]]
-    if len(ints) < 4 or not all(isinstance(v, int) for v in ints):
+    ints = [getattr(a, "value", None) for a in args[m_slot : m_slot + 4]]
+    if not all(isinstance(v, int) for v in ints):
         return []
     rows, cols, _, policy = ints
-    a, c = regions[0].args[0].buffer, regions[2].args[0].buffer
+    a, c = args[a_slot].args[0].buffer, args[c_slot].args[0].buffer
     operand = allocated.get(a.data) if "fragment" in a.scope() else None
     size, bits = [getattr(d, "value", None) for d in c.shape], tvm.DataType(c.dtype).bits
     words = math.prod(size) * bits // 32 if all(isinstance(d, int) for d in size) else 0
@@ -735,7 +746,7 @@ def _unstage_inputs(func: Any) -> Any:
 # an input fill whole and that MMAs only read as their first operand serves them as well
 # from shared memory, as a GEMM's operands are: it becomes a shared buffer, which a
 # producer loads and a pipeline versions. Anything else touching it keeps it as written.
-_OPERAND_READERS = frozenset({"tl.tileop.gemm", "tl.tileop.wgmma_gemm"})
+_OPERAND_READERS = frozenset(MMA_SLOTS)
 
 
 def _stage_operands(func: Any) -> Any:

@@ -336,6 +336,24 @@ def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
     assert "mma" in space.count().pruned
 
 
+def test_a_sparse_gemm_is_an_mma(data_dir):
+    """T.gemm_sp (2:4-sparse A, its metadata E: regions A, E, B, C) is an MMA as T.gemm is:
+    its accumulator is the Worker's, and the MMA and spill rules apply. Unseen, 12 warps were
+    offered a 128 x 128 tile ("warp_col_tiles must be divisible by 8, got 42") and one
+    warpgroup a 128 x 256 fp32 accumulator that spills."""
+    task = task_of(data_dir / "gemm_sp.py", "M=4096,N=4096,K=4096")
+    space = task.space()
+    params = (("block_K", 64), ("block_M", 128), ("block_N", 256), ("num_stages", 2), ("thread_num", 128))
+    shape = space.shape(params)
+    assert shape.analysis.mma_tiles["Worker"] == {MmaTile(128, 256)}
+    assert shape.analysis.accumulator_words["Worker"] == 128 * 256
+    assert not any(a.issues_async for a in shape.analysis.accesses.values())  # T.gemm_sp waits for its MMA
+    assert space.split_reason(params, shape, "3xWG+warp@last").startswith("mma: role Worker's 12 warps cannot split its 128x256")
+    plan = shape.plan(shape.layouts()[0])
+    point = replace(shape.seed_point(params), roles="1xWG+warp@first", nregs=(0,) * len(plan.roles))
+    assert space.candidate(point).startswith("spill: role Worker's accumulators take 256 registers per thread")
+
+
 def test_threads_rule(gemm_spec):
     space = Task.make(gemm_spec, gemm_spec.parse_problem("M=4096,N=4096,K=4096"), space_config=SpaceConfig(consumer_warpgroups=(8,))).space()
     shape = space.shape(GEMM_PARAMS)

@@ -93,6 +93,8 @@ CASES = {
     # num_stages and threads only steer tilelang's own lowering: one candidate per kernel).
     "sparse_attn_v4": (DATA / "sparse_attn_v4.py", "batch=1,seq=256,seq_kv=2048,heads=64,dim=512,topk=512", {}),
     "kda_chunk_o": (DATA / "kda_chunk_o.py", "B=1,S=2048,H=8", {}),
+    # Stop 36: a 2:4-sparse GEMM (T.gemm_sp: A compressed, its metadata E a third tile of the pipeline).
+    "gemm_sp": (DATA / "gemm_sp.py", "M=1024,N=1024,K=1024", {}),
 }
 
 
