@@ -18,9 +18,12 @@ for arg in "$@"; do
     mla) tune mla 280 tests/data/sparse_mla.py@batch=1,seq=4096,seq_kv=8192,heads=128,topk=2048 ;;
     bc) tune bc 300 tests/data/block_causal_attn.py@batch=4,heads=16,seq=8192,dim=128,dllm_block=32 ;;
     moe) tune moe 300 tests/data/fused_moe.py@E=8,tokens=2048,hidden=4096,expert=1024 ;;
+    sp) tune sp 280 tests/data/gemm_sp.py@M=8192,N=8192,K=8192 ;;
+    attn) timeout 440 python3 -u benchmarks/attention_h200.py --out $OUT/attn --budget ${N:-24} --time-budget $TB --jobs 15 \
+            --only S=8192,D=128,causal=0 S=4096,D=128,causal=1 > $OUT/attn.log 2>&1; echo "rc $?" >> $OUT/attn.log ;;
     *) echo "unknown step $step" >> $OUT/steps.log ;;
   esac
 done
-for f in $OUT/*/*/*.db; do [ -f "$f" ] && python3 benchmarks/trials_tsv.py --delete "$f"; done
+for f in $OUT/*/*/*.db $OUT/*/*.db; do [ -f "$f" ] && python3 benchmarks/trials_tsv.py --delete "$f"; done
 # The tarball is written outside $OUT: one written into the folder it archives "changed as we read it" (rc 1).
 cd $OUT && tar -czf /tmp/run.tgz . && mv /tmp/run.tgz $OUT/ && ls -la $OUT
