@@ -1,6 +1,7 @@
 """A tuning database's trials as a tab-separated table small enough to commit, one row per
-trial: workload, status, lowering, params, TFLOP/s, ratio, confirmed, the schedule in short,
-and the message (a WRONG trial's error, a failure's reason).
+trial: workload, status, role (search, baseline or warm start), lowering, params, TFLOP/s,
+ratio, confirmed, the schedule in short, and the message (a WRONG trial's error, a failure's
+reason).
 
     python benchmarks/trials_tsv.py OUT/k/fused_moe/fused_moe.db [--delete]
 
@@ -19,7 +20,7 @@ from ws_tuner.schedule import Schedule
 from ws_tuner.store.models import TABLE_PREFIX
 
 QUERY = f"""
-SELECT t.workload_id, t.status, c.lowering, c.params, t.tflops, t.ratio, t.confirmed, c.schedule, t.message
+SELECT t.workload_id, t.status, t.info, c.lowering, c.params, t.tflops, t.ratio, t.confirmed, c.schedule, t.message
 FROM {TABLE_PREFIX}trials t JOIN {TABLE_PREFIX}candidates c ON c.id = t.candidate_id ORDER BY t.id
 """
 
@@ -37,11 +38,11 @@ def main() -> None:
     ap.add_argument("--delete", action="store_true")
     args = ap.parse_args()
     out = args.db.with_name(f"{args.db.stem}-trials.tsv")
-    rows = [["workload", "status", "lowering", "params", "tflops", "ratio", "confirmed", "schedule", "message"]]
+    rows = [["workload", "status", "role", "lowering", "params", "tflops", "ratio", "confirmed", "schedule", "message"]]
     conn = sqlite3.connect(args.db)
-    for wl, status, lowering, params, tflops, ratio, confirmed, schedule, message in conn.execute(QUERY):
+    for wl, status, info, lowering, params, tflops, ratio, confirmed, schedule, message in conn.execute(QUERY):
         params = json.dumps(json.loads(params), separators=(",", ":"), sort_keys=True)
-        rows.append([wl, status, lowering, params, "" if tflops is None else tflops, "" if ratio is None else ratio,
+        rows.append([wl, status, json.loads(info or "{}").get("role", ""), lowering, params, "" if tflops is None else tflops, "" if ratio is None else ratio,
                      int(confirmed), short(schedule), " ".join((message or "").split())])  # fmt: skip
     conn.close()
     out.write_text("".join("\t".join(map(str, row)) + "\n" for row in rows))  # no quoting: JSON stays readable
