@@ -872,20 +872,18 @@ _MOVES_DATA = (
 
 def rewritten(func: Any) -> Any:
     """The kernel with ws-tune's rewrites of how it moves data (structurally equal where none applies)."""
-    for rewrite, _ in _MOVES_DATA:
-        func = rewrite(func)
-    return func
+    return rewrites(func)[0]
 
 
-def rewrites(func: Any) -> list[str]:
-    """What ``rewritten`` changes in ``func``: one line per rewrite that applies."""
-    out = []
+def rewrites(func: Any) -> tuple[Any, list[str]]:
+    """``rewritten(func)``, and what it changes: one line per rewrite that applies."""
+    changes = []
     for rewrite, what in _MOVES_DATA:
         new = rewrite(func)
         if not tvm.ir.structural_equal(new, func):
-            out.append(what)
+            changes.append(what)
         func = new
-    return out
+    return func, changes
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

@@ -114,7 +114,7 @@ class Task:
             return self.recorded.info(params)
         func = self.primfunc(params)
         plain = compiler.strip(func)
-        rewritten = bool(compiler.rewrites(plain))
+        rewritten = bool(compiler.rewrites(plain)[1])
         try:
             prepared, seed = compiler.prepare(func)
         except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
@@ -166,10 +166,10 @@ class Task:
         if candidate.lowering is not Lowering.REWRITTEN:
             return None
         func = compiler.strip(self.primfunc(candidate.param_dict))
-        changes = "".join(f"#   - {what}\n" for what in compiler.rewrites(func))
-        diff = difflib.unified_diff(func.script().splitlines(), compiler.rewritten(func).script().splitlines(),
-                                    "as written", "as ws-tune rewrote it", n=1, lineterm="")  # fmt: skip
-        return f"# tilelang's default lowering of the kernel with ws-tune's changes, at {_fmt(candidate.param_dict)}:\n{changes}" + "\n".join(diff)
+        new, changes = compiler.rewrites(func)
+        diff = difflib.unified_diff(func.script().splitlines(), new.script().splitlines(), "as written", "as ws-tune rewrote it", n=1, lineterm="")
+        listed = "".join(f"#   - {what}\n" for what in changes)
+        return f"# tilelang's default lowering of the kernel with ws-tune's changes, at {_fmt(candidate.param_dict)}:\n{listed}" + "\n".join(diff)
 
     def anchors(self, points: list[tuple[tuple[str, Any], ...]]) -> list[Candidate]:
         """Anchor choices, best first: the seed schedule (a kernel of the same family and

@@ -1205,8 +1205,8 @@ def test_a_one_warp_gather_stands_at_warp_0(data_dir):
         func, configs = task.lowered(Candidate.make(dict(first.params), schedule))
         return compiler.compile_kernel(func, configs).get_kernel_source()
 
-    last = replace(first.schedule, roles=tuple(replace(r, warp_lo=lo, warp_hi=hi) for r, (lo, hi) in zip(
-        first.schedule.roles, [{"Worker": (0, 8), "Load": (8, 9), "Store": (9, 10)}[r.name] for r in first.schedule.roles])))  # fmt: skip
+    after = {"Worker": (0, 8), "Load": (8, 9), "Store": (9, 10)}  # the Load warp after the Worker's
+    last = replace(first.schedule, roles=tuple(replace(r, warp_lo=after[r.name][0], warp_hi=after[r.name][1]) for r in first.schedule.roles))
     at_0, at_8 = gather_code(first.schedule), gather_code(last)
     assert "uint4 condval" in at_0 and "bfloat16_t condval" not in at_0
     assert "bfloat16_t condval" in at_8 and "uint4 condval" not in at_8
