@@ -31,7 +31,8 @@ from tilelang import tvm
 from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
-from .schedule import SYNC_KINDS, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
+from . import rules
+from .schedule import SYNC_KINDS, THREADS_PER_WARP, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
@@ -345,7 +346,8 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
         if found is not None:
             op_id, body = found
             acc = _access(body, allocated, bound)
-            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()))
+            loop = isinstance(body, tvm.tirx.While) or (isinstance(body, tvm.tirx.For) and body.kind == tvm.tirx.ForKind.SERIAL)
+            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop)
 
     stmt_functor.post_order_visit(block.body, visit)
     # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's
@@ -942,7 +944,7 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
     if lowering is Lowering.WS:
         assert schedule is not None
         prepared, _ = prepare(func)
-        return attach(prepared, schedule), {}
+        return _with_role_order(attach(prepared, schedule), schedule), {}
     if lowering is Lowering.REFERENCE:
         raise CompilerError("the reference is the kernel file's own Python function; there is nothing to compile")
     if lowering is Lowering.REWRITTEN:
@@ -953,11 +955,110 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
 
 def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
     quiet = role_based_skips() if pass_configs == ROLE_BASED_CONFIG else contextlib.nullcontext()
+    order = func.attrs.get(ROLE_ORDER_ATTR) if func.attrs is not None else None
+    _planned.order = None if order is None else [(int(lo), int(hi)) for lo, hi in order]
     try:
         with quiet:  # the seed said why role_based skips a kernel (prepare); not again per build
             return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         raise CompilerError(one_line(exc)) from exc
+    finally:
+        _planned.order = None
+
+
+# --- shared memory across roles -------------------------------------------------
+# MaterializeWSSchedule emits the roles as a chain of ``if threadIdx.x < ...`` branches, which
+# tilelang's MergeSharedMemoryAllocations reads as one statement touching every buffer: no two
+# buffers of a warp-specialized kernel shared space, where tilelang's default lowering puts an
+# epilogue's staging tile over dead pipeline tiles (DeepSeek-V4's sparse attention, MLA decoding:
+# H200 runs 25, 31). Inside a kWarpSpecializationScope, which tilelang's own producer/consumer
+# pass emits, the planner reads the branches one after another. Where rules.shared_order finds
+# an order of the roles in which that reading is sound, the branches are put in that order (each
+# for the same threads) and marked so, just before the planner runs.
+ROLE_ORDER_ATTR = "ws_tune.role_order"  # the roles' thread ranges, in the planner's order
+WS_SCOPE = "kWarpSpecializationScope"
+_planned = threading.local()  # the order of the kernel this thread compiles
+_merge_shared_memory = tilelang.transform.MergeSharedMemoryAllocations
+
+
+def _with_role_order(func: Any, schedule: Schedule) -> Any:
+    prepared = func
+    shared = frozenset(b.name for b in shared_buffers(prepared))
+    order = rules.shared_order(rules.shared_uses(schedule, op_accesses(prepared), shared))
+    if order is None:
+        return func
+    ranges = [[schedule.role(r).warp_lo * THREADS_PER_WARP, schedule.role(r).warp_hi * THREADS_PER_WARP] for r in order]
+    return func.with_attr(ROLE_ORDER_ATTR, ranges)
+
+
+def _role_branches(stmt: Any, lo: int, hi: int) -> list[tuple[int, int, Any]] | None:
+    """The (first thread, end, body) of each branch of MaterializeWSSchedule's role chain
+    over threads [lo, hi), or None where the chain has another form."""
+    if not isinstance(stmt, tvm.tirx.IfThenElse):
+        return [(lo, hi, stmt)]
+    cond = stmt.condition
+    if isinstance(cond, tvm.tirx.LT) and isinstance(cond.b, tvm.tirx.IntImm):  # tx < c: then, else the rest
+        cut = int(cond.b.value)
+        rest = [] if stmt.else_case is None else _role_branches(stmt.else_case, cut, hi)
+        return None if rest is None else [(lo, cut, stmt.then_case), *rest]
+    if isinstance(cond, tvm.tirx.LE) and isinstance(cond.a, tvm.tirx.IntImm) and stmt.else_case is None:  # c <= tx: idle below
+        return [(int(cond.a.value), hi, stmt.then_case)]
+    return None
+
+
+def _idle(stmt: Any) -> bool:
+    """A branch of warps that no role has: at most a register budget, no memory touched."""
+    found: list[Any] = []
+    stmt_functor.post_order_visit(stmt, lambda n: found.append(n) if isinstance(n, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore, tvm.tirx.Call)) else None)
+    return all(isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "").endswith("set_max_nreg") for n in found)
+
+
+def _order_roles(func: Any, mod: Any, ctx: Any) -> Any:
+    order = [tuple(r) for r in getattr(_planned, "order", None) or ()]
+    extents: dict[str, int] = {}
+    stmt_functor.post_order_visit(func.body, lambda n: extents.setdefault(str(n.node.var.name), int(n.value)) if isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "thread_extent" and isinstance(n.value, tvm.tirx.IntImm) else None)
+
+    def reorder(stmt: Any) -> Any:
+        if not (isinstance(stmt, tvm.tirx.AttrStmt) and stmt.attr_key == "kCustomWarpSpecialization"):
+            return None
+        chain = stmt.body
+        cond = chain.condition if isinstance(chain, tvm.tirx.IfThenElse) else None
+        tx = cond.a if isinstance(cond, tvm.tirx.LT) else cond.b if isinstance(cond, tvm.tirx.LE) else None
+        threads = extents.get(str(getattr(tx, "name", "")))
+        branches = _role_branches(chain, 0, threads) if isinstance(tx, tvm.tirx.Var) and threads else None
+        if branches is None:
+            return None
+        body = {(lo, hi): b for lo, hi, b in branches}
+        rest = [(lo, hi) for lo, hi, b in branches if (lo, hi) not in order]
+        if not set(order) <= set(body) or not all(_idle(body[r]) for r in rest):
+            return None  # not the chain the order was planned for: left as it is, nothing shared
+        rebuilt = None
+        for lo, hi in reversed(order + rest):
+            bounds = [c for c in (tvm.tirx.LE(tvm.tirx.const(lo, tx.dtype), tx) if lo else None, tvm.tirx.LT(tx, tvm.tirx.const(hi, tx.dtype)) if hi < threads else None) if c is not None]
+            test = tvm.tirx.And(*bounds) if len(bounds) == 2 else bounds[0] if bounds else tvm.tirx.const(True, "bool")
+            rebuilt = tvm.tirx.AttrStmt(tvm.tirx.const(0, "int32"), WS_SCOPE, 0, tvm.tirx.IfThenElse(test, body[(lo, hi)], rebuilt))
+        return tvm.tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, rebuilt)
+
+    return func if not order else func.with_body(stmt_functor.ir_transform(func.body, None, reorder, ["tirx.AttrStmt"]))
+
+
+def _merge_in_role_order(*args: Any, **kwargs: Any) -> Any:
+    order = tvm.tirx.transform.prim_func_pass(_order_roles, opt_level=0, name="ws_tune.OrderRoles")
+    return tvm.transform.Sequential([order, _merge_shared_memory(*args, **kwargs)])
+
+
+# tilelang's CUDA pipeline looks the pass up when it runs: the order goes in just before it.
+tilelang.transform.MergeSharedMemoryAllocations = _merge_in_role_order
+
+
+def shared_memory(kernel: Any) -> int | None:
+    """Bytes of dynamic shared memory a compiled kernel launches with (tilelang's planner
+    decided them), or None where the backend does not say."""
+    try:
+        sizes = [f.attrs.get("dyn_shared_memory_buf") for f in kernel.artifact.device_mod.functions.values() if f.attrs is not None]
+    except Exception:  # noqa: BLE001 - a backend without a device module: nothing to check
+        return None
+    return max((int(s) for s in sizes if s is not None), default=None)
 
 
 def code_hash(kernel: Any) -> str | None:

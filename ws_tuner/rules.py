@@ -13,7 +13,10 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
   and each warpgroup MMA instruction fits what the launch gives a thread;
 - ``gather_reason``: a role of less than a warpgroup that gathers element by element
   starts at warp 0, where tilelang vectorises its gather;
-- ``loop_reason``: each role's threads can share out its element-wise loops.
+- ``loop_reason``: each role's threads can share out its element-wise loops;
+- ``shared_order`` and ``shared_bytes``: an order of the roles in which tilelang's
+  shared-memory planner may read a warp-specialized kernel, and what the block then
+  allocates (an epilogue's tile over dead pipeline tiles).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .schedule import THREADS_PER_WARP, WARPS_PER_GROUP, Role, Schedule
+from .schedule import ROOT_SCOPE, THREADS_PER_WARP, WARPS_PER_GROUP, OpAccess, Role, Schedule
 
 REGISTER_FILE = 64 * 1024  # 32-bit registers per SM, and so per block
 MAX_THREADS = 1024
@@ -206,3 +209,93 @@ def loop_reason(schedule: Schedule, elements: dict[str, frozenset[int]]) -> str 
             if n > threads and n % threads:
                 return f"loop: role {role.name}'s element-wise loop of {n} iterations: its {threads} threads neither cover nor divide them"
     return None
+
+
+@dataclass(frozen=True)
+class SharedUse:
+    """The shared buffers one role reads and writes; ``loops``: those it touches in a
+    loop; ``late``: those it touches after its last loop; ``epilogue``: those only then."""
+
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    loops: frozenset[str] = frozenset()
+    late: frozenset[str] = frozenset()
+    epilogue: frozenset[str] = frozenset()
+
+    @property
+    def touched(self) -> frozenset[str]:
+        return self.reads | self.writes
+
+
+def shared_uses(schedule: Schedule, accesses: dict[str, OpAccess], shared: frozenset[str]) -> dict[str, SharedUse]:
+    """Each role's ``SharedUse``, from its ops in the root scope in order (a loop with a
+    scope of its own read through the role's body there)."""
+    scopes = {s.id: s for s in schedule.scopes}
+
+    def touched(role: str, instr: str) -> tuple[frozenset[str], frozenset[str]]:
+        if instr in scopes and instr != ROOT_SCOPE:
+            found = [touched(role, i) for i in scopes[instr].body(role) if isinstance(i, str)]
+            return frozenset().union(*(r for r, _ in found)), frozenset().union(*(w for _, w in found))
+        acc = accesses.get(instr, OpAccess())
+        return acc.reads & shared, acc.writes & shared
+
+    uses = {}
+    for role in schedule.roles:
+        body = [i for i in (scopes[ROOT_SCOPE].body(role.name) if ROOT_SCOPE in scopes else ()) if isinstance(i, str)]
+        ops = [(i in scopes or accesses.get(i, OpAccess()).loop, *touched(role.name, i)) for i in body]
+        last_loop = max((n for n, (loop, _, _) in enumerate(ops) if loop), default=len(ops))
+        late = frozenset().union(*(r | w for _, r, w in ops[last_loop + 1 :]))
+        uses[role.name] = SharedUse(
+            reads=frozenset().union(*(r for _, r, _ in ops)),
+            writes=frozenset().union(*(w for _, _, w in ops)),
+            loops=frozenset().union(*(r | w for loop, r, w in ops if loop)),
+            late=late,
+            epilogue=late - frozenset().union(*(r | w for _, r, w in ops[: last_loop + 1])),
+        )
+    return uses
+
+
+def shared_order(uses: dict[str, SharedUse]) -> tuple[str, ...] | None:
+    """The roles in an order in which every shared buffer's accesses follow one another in
+    time, or None: loaders (they only write, tiles the computing role reads), the one
+    computing role, storers (they only read, tiles it writes).
+
+    tilelang's MergeSharedMemoryAllocations reads a warp-specialized kernel's role branches
+    one after another and lets two buffers share space where their spans of that reading do
+    not meet. Branches run at once, so that is sound only in such an order: a loader's
+    every write is waited for before the computing role's last read of it (pipelines hand
+    over every version), and a storer reads only what that role wrote; what the computing
+    role alone touches is in its program order. Roles that touch no shared memory come last."""
+    active = {name: use for name, use in uses.items() if use.touched}
+    loaders = [n for n, u in active.items() if not u.reads]
+    storers = [n for n, u in active.items() if not u.writes]
+    computing = [n for n in active if n not in loaders and n not in storers]
+    if len(computing) != 1:
+        return None
+    main = active[computing[0]]
+    if any(not active[n].writes <= main.reads for n in loaders) or any(not active[n].reads <= main.writes for n in storers):
+        return None
+    return (*loaders, computing[0], *storers, *(n for n in uses if n not in active))
+
+
+def shared_bytes(sizes: dict[str, int], uses: dict[str, SharedUse] | None = None) -> int:
+    """Shared memory the block allocates (``sizes``: bytes per buffer, versions included):
+    every buffer, less, where the roles' ``uses`` have a ``shared_order``, the computing
+    role's epilogue tiles (touched only after its last loop) that fit in a tile dead by
+    then (touched in its loops, not after), largest first, each in the smallest that holds
+    it, as the planner reuses a freed block. Exact for one epilogue tile."""
+    order = shared_order(uses) if uses else None
+    total = sum(sizes.values())
+    if order is None or uses is None:
+        return total
+    main = next(uses[n] for n in order if uses[n].reads and uses[n].writes)
+    loaded = frozenset().union(*(uses[n].writes for n in order if not uses[n].reads))
+    stored = frozenset().union(*(uses[n].reads for n in order if not uses[n].writes))
+    epilogue = main.epilogue - loaded  # a loader's tile is live from the kernel's start
+    dead = sorted((sizes[b], b) for b in main.loops - main.late - stored if b in sizes)
+    for size, buf in sorted(((sizes[b], b) for b in epilogue if b in sizes), reverse=True):
+        home = next((d for d in dead if d[0] >= size), None)
+        if home is not None:
+            dead.remove(home)
+            total -= size
+    return total

@@ -82,7 +82,7 @@ class OpAccess:
     work that finishes later (an async MMA); ``retires_async``: it waits for
     such work of its role to finish. ``mmas``: the MMA calls in it (its role's
     warps must split their tiles). ``elements``: the iterations of an element-wise
-    loop nest, which its role's threads share out."""
+    loop nest, which its role's threads share out. ``loop``: a sequential loop."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -90,6 +90,7 @@ class OpAccess:
     retires_async: bool = False
     mmas: tuple[Mma, ...] = ()
     elements: int = 0  # an element-wise (T.Parallel) loop nest: its iterations, where constant; else 0
+    loop: bool = False  # a sequential loop (its accesses are its body's)
 
     @property
     def touched(self) -> frozenset[str]:

@@ -38,8 +38,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
+from . import rules
 from .rules import MAX_THREADS, gather_reason, loop_reason, mma_reason, register_reason, spill_reason
-from .schedule import THREADS_PER_WARP, Schedule
+from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
 from .variant import Plan, Variants
@@ -78,6 +79,7 @@ class ScheduleSpace:
         self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
         self._representatives: dict[ParamsKey, ParamsKey] = {}
+        self._uses: dict[tuple, dict[str, rules.SharedUse]] = {}
 
     # --- structure ----------------------------------------------------------
     def param_points(self) -> Iterator[ParamsKey]:
@@ -473,14 +475,23 @@ class ScheduleSpace:
     def _smem_reason(self, shape: SeedShape, plan: Plan, depths: tuple[int, ...]) -> str | None:
         depth_of = plan.depth_of(depths)
         depth = {b: depth_of[p.name] for p in plan.pipelines for b in p.buffers}
-        # Every buffer counts: MaterializeWSSchedule marks no warp-specialization scope, so
-        # tilelang's MergeSharedMemoryAllocations reuses none of it (its default lowering
-        # does: H200 run 25, MLA decoding's output tile in Q's space).
-        total = sum(size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items())
-        total += BARRIER_BYTES * sum(depth_of.values())
+        sizes = {b: size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items()}
+        uses = self._shared_uses(shape, plan)
+        total = rules.shared_bytes(sizes, uses) + BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
-            return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block (no buffer shares space in a warp-specialized kernel)"
+            shares = "an epilogue's tiles over dead ones" if rules.shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
+            return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block ({shares})"
         return None
+
+    def _shared_uses(self, shape: SeedShape, plan: Plan) -> dict[str, rules.SharedUse]:
+        """What each role of the plan does with shared memory (the same at every stage and
+        depth: they move spans, not ops between roles)."""
+        key = (id(shape), plan.layout, plan.moved)
+        if key not in self._uses:
+            schedule = shape.variants.schedule_for(plan, [1] * len(plan.varied), (), [Role(r, 0, 0) for r in plan.roles], 0)
+            shared = frozenset(shape.info.shared_bytes)
+            self._uses[key] = {} if isinstance(schedule, str) else rules.shared_uses(schedule, shape.info.accesses, shared)
+        return self._uses[key]
 
     def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:
         bodies = shape.variants.bodies(plan, tuple(stages))

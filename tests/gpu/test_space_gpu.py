@@ -54,8 +54,8 @@ CASES = {
     "w4a16_gemm": (DATA / "w4a16_gemm.py", "M=2048,N=2048,K=2048", {}),
     "gqa_decode": (DATA / "gqa_decode.py", "batch=16,seqlen_kv=4096", {}),
     # The latent tile read by both MMAs; 64x512 output accumulator (the spill and wgmma-register rules).
-    # One stage: at two the seed needs 290 KB of shared memory (no reuse across roles) and fails to launch.
-    "mla_decode": (DATA / "mla_decode.py", "batch=16,seqlen_kv=2048", {"out": ("own",), "num_stages": (1,)}),
+    # Two stages: 288 KB of tiles, launched with the output tile over Q's (rules.shared_order; 290 KB failed to launch before).
+    "mla_decode": (DATA / "mla_decode.py", "batch=16,seqlen_kv=2048", {"out": ("own",), "num_stages": (2,)}),
     # Stop 30: kernels with atomics, seeded through stand-ins (role_based skips atomics): split-K
     # (RESET_TO_ZERO) and FlashAttention's backward (dQ by atomics, five MMAs, three outputs).
     "splitk_gemm": (DATA / "splitk_gemm.py", "M=2048,N=2048,K=4096", {}),
