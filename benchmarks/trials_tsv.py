@@ -1,7 +1,9 @@
 """A tuning database's trials as a tab-separated table small enough to commit, one row per
 trial: workload, status, role (search, baseline or warm start), lowering, params, TFLOP/s,
-ratio, confirmed, the schedule in short, and the message (a WRONG trial's error, a failure's
-reason).
+ratio, the search's ratio, confirmed, the schedule in short, and the message (a WRONG trial's
+error, a failure's reason). A confirmed trial's ratio is the final tournament's, in its own
+steady state, and does not rank with the others' search ratios; its search ratio, which put
+it in the tournament, does.
 
     python benchmarks/trials_tsv.py OUT/k/fused_moe/fused_moe.db [--delete]
 
@@ -38,12 +40,14 @@ def main() -> None:
     ap.add_argument("--delete", action="store_true")
     args = ap.parse_args()
     out = args.db.with_name(f"{args.db.stem}-trials.tsv")
-    rows = [["workload", "status", "role", "lowering", "params", "tflops", "ratio", "confirmed", "schedule", "message"]]
+    rows = [["workload", "status", "role", "lowering", "params", "tflops", "ratio", "search_ratio", "confirmed", "schedule", "message"]]
     conn = sqlite3.connect(args.db)
     for wl, status, info, lowering, params, tflops, ratio, confirmed, schedule, message in conn.execute(QUERY):
         params = json.dumps(json.loads(params), separators=(",", ":"), sort_keys=True)
-        rows.append([wl, status, json.loads(info or "{}").get("role", ""), lowering, params, "" if tflops is None else tflops, "" if ratio is None else ratio,
-                     int(confirmed), short(schedule), " ".join((message or "").split())])  # fmt: skip
+        info = json.loads(info or "{}")
+        search_ratio = info.get("search_ratio", ratio) if confirmed else ratio
+        rows.append([wl, status, info.get("role", ""), lowering, params, "" if tflops is None else tflops, "" if ratio is None else ratio,
+                     "" if search_ratio is None else search_ratio, int(confirmed), short(schedule), " ".join((message or "").split())])  # fmt: skip
     conn.close()
     out.write_text("".join("\t".join(map(str, row)) + "\n" for row in rows))  # no quoting: JSON stays readable
     if args.delete:
