@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ws_tuner.builder import BuildInput, LocalBuilder
@@ -97,3 +99,17 @@ def test_generated_code_identifies_a_kernel(data_dir, fresh_cache):
         a, b, c = builder.build([_input(task, x) for x in (seed, same, other)])
     assert a.status is b.status is c.status is Status.BUILT, (a.message, b.message, c.message)
     assert a.code_hash and a.code_hash == b.code_hash != c.code_hash
+
+
+@pytest.mark.slow
+def test_a_block_over_shared_memory_once_planned_is_rejected(gemm_task, fresh_cache):
+    """A candidate the space's rules never saw (a stored one, one written by hand) is held to
+    the block tilelang's planner gives it. The seed's 128x256 tiles 5 deep at block_K=64 take
+    240 KB even with C's 64 KB over the dead A/B tiles: refused before a launch would fail."""
+    params = {**PARAMS, "epilogue": "smem"}
+    seed = gemm_task.space().seed_candidate(tuple(sorted(params.items())))
+    deep = Candidate.make(params, seed.schedule.with_(pipelines=tuple(replace(p, depth=5) for p in seed.schedule.pipelines)))
+    with LocalBuilder(jobs=1, timeout=240) as builder:
+        (result,) = builder.build([_input(gemm_task, deep)])
+    assert result.status is Status.REJECTED, result.message
+    assert result.message == "smem: tilelang's planner gives the block 240 KB > 227 KB"
