@@ -982,9 +982,9 @@ _merge_shared_memory = tilelang.transform.MergeSharedMemoryAllocations
 
 
 def _with_role_order(func: Any, schedule: Schedule) -> Any:
-    prepared = func
-    shared = frozenset(b.name for b in shared_buffers(prepared))
-    order = rules.shared_order(rules.shared_uses(schedule, op_accesses(prepared), shared))
+    """The kernel with the order in which the planner is to read its roles, where one is sound."""
+    shared = frozenset(b.name for b in shared_buffers(func))
+    order = rules.shared_order(rules.shared_uses(schedule, op_accesses(func), shared))
     if order is None:
         return func
     ranges = [[schedule.role(r).warp_lo * THREADS_PER_WARP, schedule.role(r).warp_hi * THREADS_PER_WARP] for r in order]
@@ -1053,10 +1053,11 @@ tilelang.transform.MergeSharedMemoryAllocations = _merge_in_role_order
 
 def shared_memory(kernel: Any) -> int | None:
     """Bytes of dynamic shared memory a compiled kernel launches with (tilelang's planner
-    decided them), or None where the backend does not say."""
+    decided them), or None where it does not say: another backend, or a kernel loaded from
+    tilelang's cache (it keeps the code, not the lowered module)."""
     try:
         sizes = [f.attrs.get("dyn_shared_memory_buf") for f in kernel.artifact.device_mod.functions.values() if f.attrs is not None]
-    except Exception:  # noqa: BLE001 - a backend without a device module: nothing to check
+    except Exception:  # noqa: BLE001 - nothing to check
         return None
     return max((int(s) for s in sizes if s is not None), default=None)
 

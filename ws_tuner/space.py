@@ -38,8 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from . import rules
-from .rules import MAX_THREADS, gather_reason, loop_reason, mma_reason, register_reason, spill_reason
+from .rules import MAX_THREADS, SharedUse, gather_reason, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason
 from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -79,7 +78,7 @@ class ScheduleSpace:
         self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
         self._representatives: dict[ParamsKey, ParamsKey] = {}
-        self._uses: dict[tuple, dict[str, rules.SharedUse]] = {}
+        self._uses: dict[tuple, dict[str, SharedUse]] = {}
 
     # --- structure ----------------------------------------------------------
     def param_points(self) -> Iterator[ParamsKey]:
@@ -477,20 +476,20 @@ class ScheduleSpace:
         depth = {b: depth_of[p.name] for p in plan.pipelines for b in p.buffers}
         sizes = {b: size * depth.get(b, 1) for b, size in shape.info.shared_bytes.items()}
         uses = self._shared_uses(shape, plan)
-        total = rules.shared_bytes(sizes, uses) + BARRIER_BYTES * sum(depth_of.values())
+        total = shared_bytes(sizes, uses) + BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
-            shares = "an epilogue's tiles over dead ones" if rules.shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
+            shares = "an epilogue's tiles over dead ones" if shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
             return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block ({shares})"
         return None
 
-    def _shared_uses(self, shape: SeedShape, plan: Plan) -> dict[str, rules.SharedUse]:
+    def _shared_uses(self, shape: SeedShape, plan: Plan) -> dict[str, SharedUse]:
         """What each role of the plan does with shared memory (the same at every stage and
         depth: they move spans, not ops between roles)."""
         key = (id(shape), plan.layout, plan.moved)
         if key not in self._uses:
             schedule = shape.variants.schedule_for(plan, [1] * len(plan.varied), (), [Role(r, 0, 0) for r in plan.roles], 0)
             shared = frozenset(shape.info.shared_bytes)
-            self._uses[key] = {} if isinstance(schedule, str) else rules.shared_uses(schedule, shape.info.accesses, shared)
+            self._uses[key] = {} if isinstance(schedule, str) else shared_uses(schedule, shape.info.accesses, shared)
         return self._uses[key]
 
     def _order_reason(self, shape: SeedShape, plan: Plan, stages: tuple[int, ...]) -> str | None:
