@@ -43,6 +43,17 @@ def gemm_spec():
     return load_kernel(EXAMPLE)
 
 
+@pytest.fixture
+def uncached() -> Iterator[None]:
+    """Compiles in this process past tilelang's kernel cache: a cached kernel keeps its code,
+    not what it was lowered to (``compiler.shared_memory``)."""
+    import tilelang
+
+    tilelang.disable_cache()
+    yield
+    tilelang.enable_cache()
+
+
 @pytest.fixture(scope="session")
 def gemm_task(gemm_spec):
     from ws_tuner.task import Task

@@ -959,11 +959,35 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
     _planned.order = None if order is None else [(int(lo), int(hi)) for lo, hi in order]
     try:
         with quiet:  # the seed said why role_based skips a kernel (prepare); not again per build
-            return tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
+            kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         raise CompilerError(one_line(exc)) from exc
     finally:
         _planned.order = None
+    clash = barrier_clash(kernel.get_kernel_source())
+    if clash:
+        raise CompilerError(clash)
+    return kernel
+
+
+# tilelang 0.1.15 runs ThreadSync("shared") and ThreadSync("shared.dyn") as two passes, and each
+# numbers the named barriers of its partial syncs from the same first id: two roles can then wait
+# at one barrier with different thread counts, which faults on the GPU ("an illegal instruction
+# was encountered", H200 run 33: a gather by cp.async in a one-warp role beside a 256-thread
+# Worker) and leaves the context unusable.
+_PARTIAL_SYNC = re.compile(r"__sync_thread_partial\((\d+), (\d+)\)")
+
+
+def barrier_clash(source: str) -> str | None:
+    """Why a kernel's partial syncs cannot run (one named barrier, two thread counts), or None."""
+    counts: dict[int, set[int]] = {}
+    for barrier, threads in _PARTIAL_SYNC.findall(source):
+        counts.setdefault(int(barrier), set()).add(int(threads))
+    clashes = {b: sorted(n) for b, n in counts.items() if len(n) > 1}
+    if not clashes:
+        return None
+    barrier, threads = min(clashes.items())
+    return f"named barrier {barrier} synchronizes {' and '.join(map(str, threads))} threads (tilelang's two ThreadSync passes number barriers apart): it would fault on the GPU"
 
 
 # --- shared memory across roles -------------------------------------------------

@@ -5,11 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from tilelang import tvm
+from tvm.tirx import stmt_functor
 
+from ws_tuner import compiler
 from ws_tuner.builder import BuildInput, LocalBuilder
 from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.kernel import load_kernel
 from ws_tuner.result import Status
 from ws_tuner.schedule import Role, Sync
+from ws_tuner.space import Point
+from ws_tuner.task import Task
 
 PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
@@ -113,3 +119,34 @@ def test_a_block_over_shared_memory_once_planned_is_rejected(gemm_task, fresh_ca
         (result,) = builder.build([_input(gemm_task, deep)])
     assert result.status is Status.REJECTED, result.message
     assert result.message == "smem: tilelang's planner gives the block 240 KB > 227 KB"
+
+
+def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
+    ok = "tl::__sync_thread_partial(3, 32);\n tl::__sync_thread_partial(4, 256);\n tl::__sync_thread_partial(4, 256);"
+    assert compiler.barrier_clash(ok) is None
+    clash = compiler.barrier_clash(ok + "\n tl::__sync_thread_partial(3, 256);")
+    assert clash is not None and clash.startswith("named barrier 3 synchronizes 32 and 256 threads")
+
+
+@pytest.mark.slow
+def test_tilelangs_sync_passes_can_give_two_roles_one_barrier(data_dir, uncached):
+    """The premise of ``compiler.barrier_clash``: DeepSeek-V4's gather by cp.async (its loop
+    annotated ``parallel_prefer_async``) in a one-warp Load role. ThreadSync("shared") gives
+    the Load warp's wait barrier 3 for 32 threads, ThreadSync("shared.dyn") the 256-thread
+    Worker's barrier 3 too: it faulted on the H200 (an illegal instruction, run 33)."""
+    spec = load_kernel(data_dir / "sparse_attn_v4.py")
+    task = Task.make(spec, spec.parse_problem("batch=1,seq=256,seq_kv=2048,heads=64,dim=512,topk=512"))
+    space = task.space()
+    params = (("block_N", 64), ("num_stages", 1), ("threads", 128))
+    shape = space.shape(params)
+    gather = Point(params, "2xWG+warp@first", shape.layouts()[0], (2,), (), (0, 0, 0), ("parallel_1",))
+    func, configs = task.lowered(space.candidate(gather))
+    assert compiler.barrier_clash(compiler.compile_kernel(func, configs).get_kernel_source()) is None
+
+    def prefer_async(node):
+        if isinstance(node, tvm.tirx.For) and str((node.annotations or {}).get("tl.ws_op_id", "")) == "parallel_1":
+            return tvm.tirx.For(node.loop_var, node.min, node.extent, node.kind, node.body, node.thread_binding, {**node.annotations, "parallel_prefer_async": True})
+        return None
+
+    with pytest.raises(compiler.CompilerError, match="named barrier 3 synchronizes 32 and 256 threads"):
+        compiler.compile_kernel(func.with_body(stmt_functor.ir_transform(func.body, None, prefer_async, ["tirx.For"])), configs)

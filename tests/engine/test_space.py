@@ -14,15 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import tilelang
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ws_tuner import compiler
 from ws_tuner.candidate import Candidate
 from ws_tuner.kernel import KernelFileError, load_kernel
-from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
 from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, SharedUse, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, spill_reason, wgmma_partition
+from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
 from ws_tuner.space import MERGED, SEED, SEPARATE, Point, SpaceConfig
 from ws_tuner.task import Task
 
@@ -297,15 +296,6 @@ def test_accumulators_must_fit_the_roles_registers(data_dir):
         "registers: role Worker's m64n256 MMA needs about 154 registers per thread, more than the 128 that 512 threads launch with")
     assert spill_reason(two, shape.analysis.accumulator_words, shape.analysis.mma_tiles) is None
     assert "spill" in task.space().count().pruned
-
-
-@pytest.fixture
-def uncached():
-    """Compiles in this process past tilelang's kernel cache: a cached kernel does not say
-    what shared memory it launches with (``compiler.shared_memory``)."""
-    tilelang.disable_cache()
-    yield
-    tilelang.enable_cache()
 
 
 def test_an_epilogue_tile_shares_a_dead_pipeline_tile(data_dir, uncached):
