@@ -972,10 +972,49 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
 
 # tilelang 0.1.15 runs ThreadSync("shared") and ThreadSync("shared.dyn") as two passes, and each
 # numbers the named barriers of its partial syncs from the same first id: two roles can then wait
-# at one barrier with different thread counts, which faults on the GPU ("an illegal instruction
+# at one barrier, with different thread counts, which faults on the GPU ("an illegal instruction
 # was encountered", H200 run 33: a gather by cp.async in a one-warp role beside a 256-thread
-# Worker) and leaves the context unusable.
+# Worker) and leaves the context unusable. Where the two passes' numbers meet, the first pass's
+# barriers take ids above the second's (one pass numbers apart the thread ranges it syncs);
+# ``barrier_clash`` refuses what is left.
 _PARTIAL_SYNC = re.compile(r"__sync_thread_partial\((\d+), (\d+)\)")
+NAMED_BARRIERS = 16  # bar.sync ids 0-15 on sm_90
+_thread_sync = tilelang.transform.ThreadSync
+
+
+def _partial_sync(node: Any) -> tuple[str, int] | None:
+    """(scope, barrier id) of a partial sync that ThreadSync inserted, else None."""
+    if isinstance(node, tvm.tirx.Call) and getattr(node.op, "name", "") == "tirx.tvm_storage_sync" and len(node.args) == 3:
+        return str(node.args[0].value), int(node.args[1])
+    return None
+
+
+def _renumber_barriers(func: Any, mod: Any, ctx: Any) -> Any:
+    ids: dict[str, set[int]] = {}
+    stmt_functor.post_order_visit(func.body, lambda n: ids.setdefault(sync[0], set()).add(sync[1]) if (sync := _partial_sync(n)) else None)
+    first, second = ids.get("shared", set()), ids.get("shared.dyn", set())
+    if not first & second or max(second) + len(first) >= NAMED_BARRIERS:
+        return func
+    fresh = {old: max(second) + 1 + i for i, old in enumerate(sorted(first))}
+
+    def renumber(node: Any) -> Any:
+        sync = _partial_sync(node)
+        if sync is None or sync[0] != "shared":
+            return None
+        return tvm.tirx.Call(node.dtype, node.op, [node.args[0], tvm.tirx.const(fresh[sync[1]], "int32"), node.args[2]])
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, renumber, ["tirx.Call"]))
+
+
+def _thread_sync_apart(storage_scope: str) -> Any:
+    if storage_scope != "shared.dyn":
+        return _thread_sync(storage_scope)
+    renumber = tvm.tirx.transform.prim_func_pass(_renumber_barriers, opt_level=0, name="ws_tune.RenumberBarriers")
+    return tvm.transform.Sequential([_thread_sync(storage_scope), renumber])
+
+
+# tilelang's CUDA pipeline looks the pass up when it runs: the second sync pass, then the numbers.
+tilelang.transform.ThreadSync = _thread_sync_apart
 
 
 def barrier_clash(source: str) -> str | None:
