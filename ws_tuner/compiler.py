@@ -957,13 +957,14 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
     quiet = role_based_skips() if pass_configs == ROLE_BASED_CONFIG else contextlib.nullcontext()
     order = func.attrs.get(ROLE_ORDER_ATTR) if func.attrs is not None else None
     _planned.order = None if order is None else [(int(lo), int(hi)) for lo, hi in order]
+    _planned.compiling = True  # the passes put in tilelang's pipeline below act on ws-tune's compiles only
     try:
         with quiet:  # the seed said why role_based skips a kernel (prepare); not again per build
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         raise CompilerError(one_line(exc)) from exc
     finally:
-        _planned.order = None
+        _planned.order, _planned.compiling = None, False
     clash = barrier_clash(kernel.get_kernel_source())
     if clash:
         raise CompilerError(clash)
@@ -990,6 +991,8 @@ def _partial_sync(node: Any) -> tuple[str, int] | None:
 
 
 def _renumber_barriers(func: Any, mod: Any, ctx: Any) -> Any:
+    if not getattr(_planned, "compiling", False):
+        return func
     ids: dict[str, set[int]] = {}
     stmt_functor.post_order_visit(func.body, lambda n: ids.setdefault(sync[0], set()).add(sync[1]) if (sync := _partial_sync(n)) else None)
     first, second = ids.get("shared", set()), ids.get("shared.dyn", set())
@@ -1040,7 +1043,7 @@ def barrier_clash(source: str) -> str | None:
 # for the same threads) and marked so, just before the planner runs.
 ROLE_ORDER_ATTR = "ws_tune.role_order"  # the roles' thread ranges, in the planner's order
 WS_SCOPE = "kWarpSpecializationScope"
-_planned = threading.local()  # the order of the kernel this thread compiles
+_planned = threading.local()  # what this thread's compile_kernel call asks of the passes below
 _merge_shared_memory = tilelang.transform.MergeSharedMemoryAllocations
 
 
