@@ -1080,7 +1080,9 @@ def _idle(stmt: Any) -> bool:
 
 
 def _order_roles(func: Any, mod: Any, ctx: Any) -> Any:
-    order = [tuple(r) for r in getattr(_planned, "order", None) or ()]
+    order = getattr(_planned, "order", None)
+    if not order:  # a compile that asked for no order (every one outside compile_kernel, too)
+        return func
     extents: dict[str, int] = {}
     stmt_functor.post_order_visit(func.body, lambda n: extents.setdefault(str(n.node.var.name), int(n.value)) if isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "thread_extent" and isinstance(n.value, tvm.tirx.IntImm) else None)
 
@@ -1105,7 +1107,7 @@ def _order_roles(func: Any, mod: Any, ctx: Any) -> Any:
             rebuilt = tvm.tirx.AttrStmt(tvm.tirx.const(0, "int32"), WS_SCOPE, 0, tvm.tirx.IfThenElse(test, body[(lo, hi)], rebuilt))
         return tvm.tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, rebuilt)
 
-    return func if not order else func.with_body(stmt_functor.ir_transform(func.body, None, reorder, ["tirx.AttrStmt"]))
+    return func.with_body(stmt_functor.ir_transform(func.body, None, reorder, ["tirx.AttrStmt"]))
 
 
 def _merge_in_role_order(*args: Any, **kwargs: Any) -> Any:

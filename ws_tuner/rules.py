@@ -266,16 +266,21 @@ def shared_order(uses: dict[str, SharedUse]) -> tuple[str, ...] | None:
     every write is waited for before the computing role's last read of it (pipelines hand
     over every version), and a storer reads only what that role wrote; what the computing
     role alone touches is in its program order. Roles that touch no shared memory come last."""
-    active = {name: use for name, use in uses.items() if use.touched}
-    loaders = [n for n, u in active.items() if not u.reads]
-    storers = [n for n, u in active.items() if not u.writes]
-    computing = [n for n in active if n not in loaders and n not in storers]
+    loaders, computing, storers = _parts(uses)
     if len(computing) != 1:
         return None
-    main = active[computing[0]]
-    if any(not active[n].writes <= main.reads for n in loaders) or any(not active[n].reads <= main.writes for n in storers):
+    main = uses[computing[0]]
+    if any(not uses[n].writes <= main.reads for n in loaders) or any(not uses[n].reads <= main.writes for n in storers):
         return None
-    return (*loaders, computing[0], *storers, *(n for n in uses if n not in active))
+    return (*loaders, computing[0], *storers, *(n for n in uses if not uses[n].touched))
+
+
+def _parts(uses: dict[str, SharedUse]) -> tuple[list[str], list[str], list[str]]:
+    """The roles that touch shared memory: loaders (write only), computing, storers (read only)."""
+    active = [name for name, use in uses.items() if use.touched]
+    loaders = [n for n in active if not uses[n].reads]
+    storers = [n for n in active if not uses[n].writes]
+    return loaders, [n for n in active if n not in loaders and n not in storers], storers
 
 
 def shared_bytes(sizes: dict[str, int], uses: dict[str, SharedUse] | None = None) -> int:
@@ -284,13 +289,13 @@ def shared_bytes(sizes: dict[str, int], uses: dict[str, SharedUse] | None = None
     role's epilogue tiles (touched only after its last loop) that fit in a tile dead by
     then (touched in its loops, not after), largest first, each in the smallest that holds
     it, as the planner reuses a freed block. Exact for one epilogue tile."""
-    order = shared_order(uses) if uses else None
     total = sum(sizes.values())
-    if order is None or uses is None:
+    if not uses or shared_order(uses) is None:
         return total
-    main = next(uses[n] for n in order if uses[n].reads and uses[n].writes)
-    loaded = frozenset().union(*(uses[n].writes for n in order if not uses[n].reads))
-    stored = frozenset().union(*(uses[n].reads for n in order if not uses[n].writes))
+    loaders, (computing,), storers = _parts(uses)
+    main = uses[computing]
+    loaded = frozenset().union(*(uses[n].writes for n in loaders))
+    stored = frozenset().union(*(uses[n].reads for n in storers))
     epilogue = main.epilogue - loaded  # a loader's tile is live from the kernel's start
     dead = sorted((sizes[b], b) for b in main.loops - main.late - stored if b in sizes)
     for size, buf in sorted(((sizes[b], b) for b in epilogue if b in sizes), reverse=True):
