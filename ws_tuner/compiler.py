@@ -931,6 +931,28 @@ def attach(func: Any, schedule: Schedule) -> Any:
     return _set_annotation(func, ws)
 
 
+def _prefer_async(func: Any, ops: tuple[str, ...]) -> Any:
+    """The element-wise loops ``ops`` marked as ``T.Parallel(..., prefer_async=True)`` marks
+    them: tilelang's LowerTileOp then issues their global-to-shared copies by cp.async, and
+    commits and waits for them before the role's next sync."""
+    if not ops:
+        return func
+    found: set[str] = set()
+
+    def mark(node: Any) -> Any:
+        op = _op_of(node)
+        if op is None or op[0] not in ops or node.kind != tvm.tirx.ForKind.PARALLEL:
+            return None
+        found.add(op[0])
+        return tvm.tirx.For(node.loop_var, node.min, node.extent, node.kind, node.body, node.thread_binding, {**node.annotations, "parallel_prefer_async": True})
+
+    marked = func.with_body(stmt_functor.ir_transform(func.body, None, mark, ["tirx.For"]))
+    missing = sorted(set(ops) - found)
+    if missing:
+        raise CompilerError(f"async copies: {', '.join(missing)} is no element-wise (T.Parallel) loop of the kernel")
+    return marked
+
+
 def verify(func: Any) -> None:
     """Run MaterializeWSSchedule alone: milliseconds, and it catches broken schedules."""
     try:
@@ -944,7 +966,7 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
     if lowering is Lowering.WS:
         assert schedule is not None
         prepared, _ = prepare(func)
-        return _with_role_order(attach(prepared, schedule), schedule), {}
+        return _with_role_order(_prefer_async(attach(prepared, schedule), schedule.async_copies), schedule), {}
     if lowering is Lowering.REFERENCE:
         raise CompilerError("the reference is the kernel file's own Python function; there is nothing to compile")
     if lowering is Lowering.REWRITTEN:

@@ -115,6 +115,10 @@ class Schedule:
     roles: tuple[Role, ...]
     pipelines: tuple[Pipeline, ...]
     scopes: tuple[Scope, ...] = field(default_factory=tuple)
+    # Element-wise loops (op ids) whose global-to-shared copies are issued by cp.async
+    # (``T.Parallel(..., prefer_async=True)``): not part of T.WSSchedule, but how its
+    # producer roles load what they cannot load by TMA (gathers).
+    async_copies: tuple[str, ...] = ()
 
     @property
     def threads(self) -> int:
@@ -164,7 +168,9 @@ class Schedule:
 
     # --- JSON ---------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
+        extra = {"async_copies": list(self.async_copies)} if self.async_copies else {}  # absent when empty: stored hashes stay
         return {
+            **extra,
             "num_warps": self.num_warps,
             "roles": [[r.name, r.warp_lo, r.warp_hi, r.max_nreg] for r in self.roles],
             "pipelines": [[p.name, list(p.buffers), p.depth] for p in self.pipelines],
@@ -185,16 +191,19 @@ class Schedule:
                     Scope(str(sid), tuple((str(role), tuple(_instr_from_json(i) for i in body)) for role, body in bodies))
                     for sid, bodies in data["scopes"]
                 ),
+                async_copies=tuple(map(str, data.get("async_copies", ()))),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed schedule JSON: {exc}") from exc
 
     # --- TileLang source ----------------------------------------------------
     def to_source(self, buffer_expr: dict[str, str] | None = None, indent: str = "") -> str:
-        """The schedule as ``T.annotate_ws_schedule(...)`` code to paste into the kernel."""
+        """The schedule as ``T.annotate_ws_schedule(...)`` code to paste into the kernel
+        (and, as comments, the loops to write with ``prefer_async=True``)."""
         buffer_expr = buffer_expr or {}
         i1, i2, i3, i4 = (indent + "    " * n for n in range(1, 5))
-        lines = [f"{indent}T.annotate_ws_schedule(", f"{i1}T.WSSchedule(", f"{i2}num_warps={self.num_warps},", f"{i2}roles=["]
+        lines = [f"{indent}# and write loop {op!r} as T.Parallel(..., prefer_async=True): its copies by cp.async" for op in self.async_copies]
+        lines += [f"{indent}T.annotate_ws_schedule(", f"{i1}T.WSSchedule(", f"{i2}num_warps={self.num_warps},", f"{i2}roles=["]
         lines += [f"{i3}T.WSRole({r.name!r}, warps_lo={r.warp_lo}, warps_hi={r.warp_hi}, max_nreg={r.max_nreg})," for r in self.roles]
         lines += [f"{i2}],", f"{i2}pipelines=["]
         for p in self.pipelines:

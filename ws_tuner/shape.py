@@ -4,8 +4,9 @@ choices and own point, and the small types the space is made of.
 ``SeedShape`` is one kernel-parameter point's seed, seen through its
 ``Variants`` (shared by every point whose seed and ops are the same). Warp
 ranges come from a ``Split``: consumer roles (they write register fragments)
-get whole warpgroups, every other role one warp or one warpgroup, placed
-before or after them; "seed" where the seed's own ranges are none of these.
+get whole warpgroups, every other role one warp, two (where loads can move to
+it: a gather) or one warpgroup, placed before or after them; "seed" where the
+seed's own ranges are none of these.
 Every label of a decision names some layout at every seed (an alias where
 two coincide), so a sampler sees one choice list per decision name.
 """
@@ -24,7 +25,10 @@ from .seed import MERGED, SEED, SEPARATE
 from .variant import Plan, Variants
 
 SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
-LIGHT_WARPS = {"warp": 1, "warpgroup": WARPS_PER_GROUP}
+# Warps per light role. Two: a gather by cp.async issues from more threads, and two such roles
+# still share one warpgroup (DeepSeek-V4's Load role, 2 warps beside a Store role: 351.6 TFLOP/s,
+# one warp 277.1; 3 warps, a partition that does not divide the tile, 99.4. H200 run 34).
+LIGHT_WARPS = {"warp": 1, "pair": 2, "warpgroup": WARPS_PER_GROUP}
 
 ParamsKey = tuple[tuple[str, Any], ...]
 
@@ -47,7 +51,7 @@ class PointInfo:
 @dataclass(frozen=True)
 class SpaceConfig:
     consumer_warpgroups: tuple[int, ...] = (1, 2, 3)
-    producer_kinds: tuple[str, ...] = ("warp", "warpgroup")
+    producer_kinds: tuple[str, ...] = ("warp", "pair", "warpgroup")
     producer_first: tuple[bool, ...] = (False, True)
     layouts: tuple[str, ...] = (MERGED, SEPARATE)  # "seed" is added where the seed is neither
     depths: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -85,7 +89,7 @@ class SpaceConfig:
         if not self.depths or min(self.depths) < 1:
             raise ValueError("pipeline depths must be >= 1")
         if any(kind not in LIGHT_WARPS for kind in self.producer_kinds):
-            raise ValueError(f"producer kinds are {' or '.join(LIGHT_WARPS)}")
+            raise ValueError(f"producer kinds are {', '.join(LIGHT_WARPS)}")
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ class Point:
     stages: tuple[int, ...] = ()  # one per decided span group
     nregs: tuple[int, ...] = ()  # one per role
     moved: tuple[str, ...] = ()  # ops in a role of their own
+    asynchronous: tuple[str, ...] = ()  # moved loads whose element-wise copies go by cp.async (SeedShape.asyncable)
 
 
 @dataclass
@@ -200,17 +205,43 @@ class SeedShape:
     def nreg_decision(self, role: str, plan: Plan) -> tuple[str, tuple[int, ...]]:
         """The name of a role's budget decision in ``plan`` and its choices. A role that
         gathers moved loads takes ``loader_nreg`` or none, under a name of its own: a name
-        keeps one list of choices (Optuna refuses a categorical whose choices change)."""
+        keeps one list of choices (Optuna refuses a categorical whose choices change). The
+        other light roles of such a plan take either list: one that shares the gatherers'
+        warpgroup must take their budget."""
         c = self.config
         if role in self.analysis.heavy:
             return f"nreg.{role}", c.consumer_nreg
-        if role in self.gatherers(plan):
+        gatherers = self.gatherers(plan)
+        if role in gatherers:
             return f"nreg.{role}.gathers", (0, *c.loader_nreg)
+        if gatherers:  # it may share a warpgroup with them, whose budget it must then match (rules: alignment)
+            return f"nreg.{role}.beside", tuple(sorted({*c.producer_nreg, *c.loader_nreg}))
         return f"nreg.{role}", c.producer_nreg
 
     def gatherers(self, plan: Plan) -> frozenset[str]:
         """The roles that take moved loads in ``plan`` (and stage them through registers)."""
         return frozenset(m.new_role for m in self.analysis.movable if m.feeds and m.op in plan.moved)
+
+    def asyncable(self, moved: Sequence[str]) -> tuple[str, ...]:
+        """The moves among ``moved`` that can issue their copies by cp.async: loads with
+        element-wise loops (gathers). Through registers, a one-warp Load role fed DeepSeek-V4's
+        sparse attention at 253.8 TFLOP/s; by cp.async 277.1, and two warps at 72 registers
+        351.6, against tilelang's default's 331.6 (H200 run 34)."""
+        return tuple(m.op for m in self.analysis.movable if m.feeds and m.op in moved and self._async_ops(m.op))
+
+    def _async_ops(self, move: str) -> tuple[str, ...]:
+        """The element-wise loops of a move: what cp.async issues."""
+        ops = next(m.ops for m in self.analysis.movable if m.op == move)
+        return tuple(op for op in ops if self.analysis.access(op).elements)
+
+    def move_choices(self) -> Iterator[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Every (moved, asynchronous) pair: each movable op kept or moved, each moved load
+        that can go by cp.async through registers or by cp.async."""
+        for flags in itertools.product((False, True), repeat=len(self.movable)):
+            moved = tuple(op for op, on in zip(self.movable, flags) if on)
+            can = self.asyncable(moved)
+            for picks in itertools.product((False, True), repeat=len(can)):
+                yield moved, tuple(op for op, on in zip(can, picks) if on)
 
     def _splits(self) -> dict[str, Split | None]:
         c, heavy = self.config, self.analysis.heavy
@@ -218,15 +249,18 @@ class SeedShape:
         out: dict[str, Split | None] = {}
         seen: dict[tuple, str] = {}
         own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
+        gathers = c.own_roles and any(m.feeds for m in self.analysis.movable)
         for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
             for kind, first in itertools.product(c.producer_kinds, c.producer_first):
-                split = Split(wgs, kind, first)
+                label = Split(wgs, kind, first).label
+                # Two warps per light role only help a gather; elsewhere "pair" names the one-warp layout.
+                split = Split(wgs, "warp" if kind == "pair" and not gathers else kind, first)
                 layout = split.place(self.analysis.role_names, heavy)
                 key = (tuple(sorted(layout[0].items())), layout[1])
                 if key not in seen:
-                    seen[key] = split.label
-                    out[split.label] = split
-                self.split_alias[split.label] = seen[key]
+                    seen[key] = label
+                    out[label] = split
+                self.split_alias[label] = seen[key]
         if own not in seen:
             out = {SEED: None, **out}
         self.seed_split = self.split_alias[SEED] = seen.get(own, SEED)
@@ -268,18 +302,26 @@ class SeedShape:
         warpgroup each, as the default's producer; and, where there are several, a warp
         each in one warpgroup, the default's thread count (a warpgroup each for a
         producer and a Store role is 512 threads, whose launch registers cannot hold a
-        wide MMA, and one warpgroup more to schedule)."""
+        wide MMA, and one warpgroup more to schedule); where loads can move to them, two
+        warps each, still one warpgroup (a gather by cp.async issues from more threads:
+        ``lowering_points`` offers it with moves only)."""
         light = [r for r in self.seed.roles if r.name not in self.analysis.heavy]
-        return ("warpgroup", "warp") if len(light) > 1 else ("warpgroup",)
+        if len(light) < 2:
+            return ("warpgroup",)
+        return ("warpgroup", "warp", "pair") if self.config.own_roles and any(m.feeds for m in self.analysis.movable) else ("warpgroup", "warp")
 
-    def lowering_moves(self) -> tuple[tuple[str, ...], ...]:
-        """The moves of the lowering starts: none, and, where the seed leaves loads with its
-        consumers (element-wise gathers), those loads given to the producer, as tilelang's
-        default lowering gives a producer warpgroup every load it can issue."""
+    def lowering_moves(self) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+        """The (moved, asynchronous) pairs of the lowering starts: nothing moved, and, where the
+        seed leaves loads with its consumers (element-wise gathers), those loads given to the
+        producer, as tilelang's default lowering gives a producer warpgroup every load it can
+        issue: through registers, and by cp.async as tilelang issues a gather."""
         feeds = tuple(m.op for m in self.analysis.movable if m.feeds) if self.config.own_roles else ()
-        return ((), feeds) if feeds else ((),)
+        if not feeds:
+            return (((), ()),)
+        can = self.asyncable(feeds)
+        return ((), ()), (feeds, ()), *(((feeds, can),) if can else ())
 
-    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup", moved: tuple[str, ...] = ()) -> list[Point]:
+    def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup", moved: tuple[str, ...] = (), asynchronous: tuple[str, ...] = ()) -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
         warpgroup (or the light roles packed as ``packing`` says: ``lowering_packings``),
@@ -296,7 +338,7 @@ class SeedShape:
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
-        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy):
+        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing == "pair" and not moved):
             return []
         plan = self.plan(layout, moved)
         if plan.infeasible:
@@ -313,14 +355,14 @@ class SeedShape:
         if 0 in c.producer_nreg and 0 in c.consumer_nreg:
             unbudgeted = (0, 0, 0)  # no setmaxnreg: where the rules allow no budget (8 warps)
             budgets = [unbudgeted, *budgets] if moved else [*budgets, unbudgeted]
-        if moved:
-            budgets = [(nreg, loader, light) for loader in sorted(c.loader_nreg, reverse=True) for nreg in consumers if nreg] + budgets
+        if moved:  # the other light roles at the gatherers' budget too: they may share its warpgroup
+            budgets = [(nreg, loader, other) for loader in sorted(c.loader_nreg, reverse=True) for nreg in consumers if nreg for other in (light, loader)] + budgets
         gatherers = self.gatherers(plan)
 
         def nreg(role: str, budget: tuple[int, int, int]) -> int:
             return budget[0] if role in self.analysis.heavy else budget[1] if role in gatherers else budget[2]
 
-        return [Point(params, label, layout, depths, stages, tuple(nreg(r, b) for r in plan.roles), moved) for b in budgets]
+        return [Point(params, label, layout, depths, stages, tuple(nreg(r, b) for r in plan.roles), moved, asynchronous) for b in budgets]
 
     @staticmethod
     def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:
@@ -332,4 +374,6 @@ class SeedShape:
         point = self.canonical(point)
         plan = self.plan(point.layout, point.moved)
         roles, num_warps = self.roles(point.roles, plan, point.nregs)
-        return self.variants.schedule_for(plan, point.depths, point.stages, roles, num_warps)
+        schedule = self.variants.schedule_for(plan, point.depths, point.stages, roles, num_warps)
+        copies = tuple(op for move in point.asynchronous for op in self._async_ops(move))
+        return schedule.with_(async_copies=copies) if copies and not isinstance(schedule, str) else schedule

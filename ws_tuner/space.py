@@ -4,10 +4,13 @@ A point fixes one choice per decision; names and choice lists depend only on
 the seed, so samplers see a stable space:
 - ``param.<name>``: the kernel's parameters;
 - ``roles``: warp ranges. Roles that write register fragments (consumers)
-  get whole warpgroups each, the others one warp or one warpgroup, placed
-  before or after them; "seed" where the seed's ranges are none of these;
+  get whole warpgroups each, the others one warp, two (gathers only) or one
+  warpgroup, placed before or after them; "seed" where the seed's ranges are
+  none of these;
 - ``own_role.<op>``: run an op in a role of its own where the seed allows
   it (a store from shared memory: the next loop iteration overlaps it);
+- ``async.<op>``: a moved load's element-wise copies (a gather) issued by
+  cp.async rather than through registers;
 - ``pipelines``: each loop channel's buffers as the seed groups them, all
   merged or all separate;
 - ``depth.<pipeline>``: each loop pipeline's depth;
@@ -139,9 +142,9 @@ class ScheduleSpace:
     def walk(self, count: SpaceCount | None = None) -> Iterator[tuple[Point, SeedShape]]:
         """Every surviving point; pruned ones are tallied into ``count``."""
         count = count if count is not None else SpaceCount()
-        for params, shape, plan, depths, stages, survivors in self._structures(count, self.param_points()):
+        for params, shape, plan, asynchronous, depths, stages, survivors in self._structures(count, self.param_points()):
             for label, nregs in survivors:
-                yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved), shape
+                yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved, asynchronous), shape
 
     def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0) -> SpaceCount:
         """Sizes before and after pruning; register budgets are counted, not enumerated.
@@ -157,7 +160,7 @@ class ScheduleSpace:
                 tick(count.total, count.kept)
         return count.scaled()
 
-    def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey]) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
+    def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey]) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
         """Everything but warp ranges and budgets, each with its surviving (split, nregs)."""
         pruned_params: list[str] = []
         reference: SeedShape | None = None
@@ -172,7 +175,7 @@ class ScheduleSpace:
                 theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
                 pruned_params.append(f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)")
                 continue
-            for moved in self._moved_choices(shape):
+            for moved, asynchronous in shape.move_choices():
                 survivors, below = self._role_survivors(params, shape, moved, count)
                 for layout in shape.layouts():
                     plan = shape.plan(layout, moved)
@@ -202,17 +205,12 @@ class ScheduleSpace:
                                 continue
                             for kind, n in survivors[1].items():
                                 count.prune(survivors[2][kind], n)
-                            yield params, shape, plan, depths, stages, survivors[0]
+                            yield params, shape, plan, asynchronous, depths, stages, survivors[0]
         # A pruned kernel-parameter point hides the whole schedule space under it.
         under = self._points_under(reference) if reference else 1
         for reason in pruned_params:
             count.total += under
             count.prune(reason, under)
-
-    def _moved_choices(self, shape: SeedShape) -> Iterator[tuple[str, ...]]:
-        ops = shape.movable
-        for flags in itertools.product((False, True), repeat=len(ops)):
-            yield tuple(op for op, on in zip(ops, flags) if on)
 
     def _nreg_choices(self, shape: SeedShape, plan: Plan) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(shape.nreg_decision(r, plan)[1] for r in plan.roles))
@@ -240,7 +238,7 @@ class ScheduleSpace:
 
     def _points_under(self, shape: SeedShape) -> int:
         n = 0
-        for moved in self._moved_choices(shape):
+        for moved, _ in shape.move_choices():
             per_structure = len(shape.splits) * len(list(self._nreg_choices(shape, shape.plan(shape.layouts()[0], moved))))
             for layout in shape.layouts():
                 plan = shape.plan(layout, moved)
@@ -322,17 +320,17 @@ class ScheduleSpace:
         shape = self.shape(params)
         found: dict[str, Candidate] = {}
         ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings(), shape.lowering_moves())
-        for layout, packing, moved in ways:
-            cand = self.lowering_candidate(params, layout, packing, moved)
+        for layout, packing, (moved, asynchronous) in ways:
+            cand = self.lowering_candidate(params, layout, packing, moved, asynchronous)
             if cand is not None:
                 found.setdefault(cand.hash, cand)
         return list(found.values())
 
-    def lowering_candidate(self, params: ParamsKey, layout: str, packing: str = "warpgroup", moved: tuple[str, ...] = ()) -> Candidate | None:
+    def lowering_candidate(self, params: ParamsKey, layout: str, packing: str = "warpgroup", moved: tuple[str, ...] = (), asynchronous: tuple[str, ...] = ()) -> Candidate | None:
         """That structure in one pipeline layout, packing and moves (``SeedShape.lowering_points``):
         the first of its points that no rule prunes, or None."""
         shape = self.shape(params)
-        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout, packing, moved)
+        points = [] if isinstance(shape, str) else shape.lowering_points(params, layout, packing, moved, asynchronous)
         return next((c for c in map(self.candidate, points) if isinstance(c, Candidate)), None)
 
     def sample(self, choose: Callable[[str, Sequence[Any]], Any]) -> Point:
@@ -358,6 +356,7 @@ class ScheduleSpace:
             shape = self.shape(params)
             assert not isinstance(shape, str)
             moved = tuple(op for op in shape.movable if rng.random() < 0.5)
+            asynchronous = tuple(op for op in shape.asyncable(moved) if rng.random() < 0.5)
             kept = self._survivors_of(params, shape, moved)
             plan = shape.plan(rng.choice(shape.layouts()), moved)
             fitting = self._fitting_depths(shape, plan)
@@ -366,7 +365,7 @@ class ScheduleSpace:
             depths = rng.choice(fitting)
             stages = tuple(itertools.chain.from_iterable(rng.choice(c.options) for c in plan.stage_choices))
             label, nregs = rng.choice(kept)
-            point = Point(params, label, plan.layout, depths, stages, nregs, moved)
+            point = Point(params, label, plan.layout, depths, stages, nregs, moved, asynchronous)
             if isinstance(self.candidate(point), Candidate):
                 return point
         return None
@@ -398,6 +397,8 @@ class ScheduleSpace:
                 value = point.layout
             elif name.startswith("own_role."):
                 value = name[len("own_role.") :] in point.moved
+            elif name.startswith("async."):
+                value = name[len("async.") :] in point.asynchronous
             else:
                 value = self._numbers(shape, point)[name]
             made[name] = value if value in options else options[0]
@@ -437,8 +438,9 @@ class ScheduleSpace:
         c = self.config
         roles = shape.split_alias[choose(shape.roles_decision, tuple(shape.split_alias))]
         moved = tuple(op for op in shape.movable if choose(f"own_role.{op}", (False, True)))
+        asynchronous = tuple(op for op in shape.asyncable(shape.movable if every else moved) if choose(f"async.{op}", (False, True)))
         layout = shape.analysis.layout_alias[choose("pipelines", shape.layout_labels())]
-        plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv in self._moved_choices(shape)] if every else [shape.plan(layout, moved)]
+        plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv, _ in shape.move_choices()] if every else [shape.plan(layout, moved)]
         for plan in plans:
             depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
             stages: tuple[int, ...] = ()
@@ -446,12 +448,14 @@ class ScheduleSpace:
                 by_label = {choice.label(o): o for o in choice.options}
                 stages += by_label[choose(choice.name, tuple(by_label))]
             nregs = tuple(choose(*shape.nreg_decision(r, plan)) for r in plan.roles)
-        return Point(params, roles, layout, depths, stages, nregs, moved)
+        return Point(params, roles, layout, depths, stages, nregs, moved, asynchronous)
 
     # --- static rules -------------------------------------------------------
     def _malformed(self, shape: SeedShape, point: Point) -> str | None:
         if point.roles not in shape.splits or point.layout not in shape.analysis.layouts or not set(point.moved) <= {m.op for m in shape.analysis.movable}:
             return f"point: unknown roles {point.roles!r}, pipelines {point.layout!r} or moved ops {point.moved} for this seed"
+        if not set(point.asynchronous) <= set(shape.asyncable(point.moved)):
+            return f"point: {point.asynchronous} are not moved loads with element-wise copies {shape.asyncable(point.moved)}"
         plan = shape.plan(point.layout, point.moved)
         if (len(point.depths), len(point.stages), len(point.nregs)) != (len(plan.varied), len(plan.groups), len(plan.roles)):
             return "point: its depths, stages or budgets do not match its plan"

@@ -7,8 +7,6 @@ from dataclasses import replace
 
 import pytest
 import tilelang
-from tilelang import tvm
-from tvm.tirx import stmt_functor
 
 from ws_tuner import compiler
 from ws_tuner.builder import BuildInput, LocalBuilder
@@ -132,27 +130,27 @@ def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
 
 @pytest.mark.slow
 def test_two_roles_never_wait_at_one_barrier(data_dir, uncached, monkeypatch):
-    """DeepSeek-V4's gather by cp.async (its loop annotated ``parallel_prefer_async``) in a
-    one-warp Load role. tilelang's ThreadSync("shared") gives the Load warp's wait barrier 3
-    for 32 threads, and ThreadSync("shared.dyn") the 256-thread Worker's barrier 3 too: it
-    faulted on the H200 (an illegal instruction, run 33). ws-tune moves the first pass's
-    barriers above the second's; without that, the kernel is a compile error."""
+    """DeepSeek-V4's gather by cp.async (the space's ``async`` decision: its loop lowered as
+    ``T.Parallel(..., prefer_async=True)``) in a one-warp Load role. tilelang's
+    ThreadSync("shared") gives the Load warp's wait barrier 3 for 32 threads, and
+    ThreadSync("shared.dyn") the 256-thread Worker's barrier 3 too: it faulted on the H200
+    (an illegal instruction, run 33). ws-tune moves the first pass's barriers above the
+    second's; without that, the kernel is a compile error."""
     spec = load_kernel(data_dir / "sparse_attn_v4.py")
     task = Task.make(spec, spec.parse_problem("batch=1,seq=256,seq_kv=2048,heads=64,dim=512,topk=512"))
     space = task.space()
     params = (("block_N", 64), ("num_stages", 1), ("threads", 128))
     shape = space.shape(params)
-    func, configs = task.lowered(space.candidate(Point(params, "2xWG+warp@first", shape.layouts()[0], (2,), (), (0, 0, 0), ("parallel_1",))))
-
-    def prefer_async(node):
-        if isinstance(node, tvm.tirx.For) and str((node.annotations or {}).get("tl.ws_op_id", "")) == "parallel_1":
-            return tvm.tirx.For(node.loop_var, node.min, node.extent, node.kind, node.body, node.thread_binding, {**node.annotations, "parallel_prefer_async": True})
-        return None
-
-    by_cp_async = func.with_body(stmt_functor.ir_transform(func.body, None, prefer_async, ["tirx.For"]))
-    source = compiler.compile_kernel(by_cp_async, configs).get_kernel_source()
+    cand = space.candidate(Point(params, "2xWG+warp@first", shape.layouts()[0], (2,), (), (0, 0, 0), ("parallel_1",), ("parallel_1",)))
+    func, configs = task.lowered(cand)
+    source = compiler.compile_kernel(func, configs).get_kernel_source()
     assert "cp_async_gs_conditional" in source
     assert sorted(set(re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", source))) == [("3", "256"), ("4", "32")]
+    through_registers = compiler.compile_kernel(*task.lowered(Candidate.make(cand.param_dict, cand.schedule.with_(async_copies=())))).get_kernel_source()
+    assert "cp_async" not in through_registers
     monkeypatch.setattr(tilelang.transform, "ThreadSync", compiler._thread_sync)  # tilelang's own numbering
     with pytest.raises(compiler.CompilerError, match="named barrier 3 synchronizes 32 and 256 threads"):
-        compiler.compile_kernel(by_cp_async, configs)
+        compiler.compile_kernel(func, configs)
+    # Copies by cp.async asked of an op that is no element-wise loop: a compile error that says so.
+    with pytest.raises(compiler.CompilerError, match="async copies: tl_tileop_copy_0 is no element-wise"):
+        task.lowered(Candidate.make(cand.param_dict, cand.schedule.with_(async_copies=("tl_tileop_copy_0",))))

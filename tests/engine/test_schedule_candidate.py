@@ -52,6 +52,18 @@ def test_different_candidates_hash_differently(variants):
     assert len({c.hash for c in variants}) == len(variants)
 
 
+def test_async_copies_round_trip_and_leave_other_hashes_alone(variants):
+    """Loops issued by cp.async are part of a schedule's JSON and hash, and absent from
+    the JSON of one that has none: hashes stored before the field existed still match."""
+    cand = variants[0]
+    assert "async_copies" not in cand.to_json()["schedule"]
+    by_cp_async = Candidate.make(cand.param_dict, cand.schedule.with_(async_copies=("parallel_1",)))
+    again = Candidate.from_json(json.loads(by_cp_async.canonical()))
+    assert again == by_cp_async and again.schedule.async_copies == ("parallel_1",) and again.hash != cand.hash
+    source = by_cp_async.schedule.to_source()
+    assert source.splitlines()[0] == "# and write loop 'parallel_1' as T.Parallel(..., prefer_async=True): its copies by cp.async"
+
+
 def test_malformed_schedule_json_is_a_value_error():
     with pytest.raises(ValueError, match="malformed schedule JSON"):
         Schedule.from_json({"num_warps": 12, "roles": [["a", 0]]})

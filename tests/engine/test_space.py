@@ -406,7 +406,7 @@ def test_sample_is_define_by_run_with_fixed_choices(space, seeds):
             assert names.setdefault(name, options) == options  # a name always offers the same choices
             return rng.choice(options)
 
-        kept = sum(isinstance(sp.candidate(sp.sample(choose)), Candidate) for _ in range(150))
+        kept = sum(isinstance(sp.candidate(sp.sample(choose)), Candidate) for _ in range(200))
         assert kept > 5
 
 
@@ -643,10 +643,40 @@ def test_gathers_left_with_the_consumers_can_get_a_producer_of_their_own(data_di
     # The lowering starts hold it too, double-buffered, the gatherers at the largest budget that fits beside
     # the consumers' (184 + 184 + 136 of the 504 a thread of each of three warpgroups launches with)
     starts = [c.schedule for c in space.lowering_candidates(params)]
-    assert len(starts) == 2 and [p.name for p in starts[0].pipelines] == ["Q_shared"]
+    assert len(starts) == 3 and [p.name for p in starts[0].pipelines] == ["Q_shared"]
     assert starts[1].pipeline(move.pipeline).depth == 2 and starts[1].role("Load").warp_lo == 0
     assert (starts[1].role("Worker").max_nreg, starts[1].role("Load").max_nreg) == (184, 136)
+    # ... through registers, and by cp.async as tilelang's default lowering issues a gather
+    assert starts[1].async_copies == () and starts[2] == starts[1].with_(async_copies=move.ops)
     assert "registers:" in space.candidate(Point(params, "2xWG+warpgroup@first", SEED, (2,) * len(plan.varied), (), (208, 136), (move.op,)))
+
+
+def test_a_moved_gather_issues_its_copies_by_cp_async_or_through_registers(data_dir):
+    """A decision of its own, asked only where the gather moved: the schedule names the
+    element-wise loops that tilelang lowers to cp.async, the decisions give the point back,
+    and a light role may take two warps, which only a gathering seed tells apart from one."""
+    task = task_of(data_dir / "sparse_attn_v4.py", "batch=1,seq=1024,seq_kv=2048,heads=64,dim=512,topk=256")
+    space = task.space()
+    params = next(p for p in space.param_points() if dict(p)["block_N"] == 64)
+    shape = space.shape(params)
+    [move] = shape.analysis.movable
+    assert shape.asyncable(()) == () and shape.asyncable((move.op,)) == (move.op,)
+    plan = shape.plan(SEED, (move.op,))
+    point = Point(params, "2xWG+pair@first", SEED, (2,) * len(plan.varied), (), (208, 72, 72), (move.op,), (move.op,))
+    cand = space.candidate(point)
+    assert isinstance(cand, Candidate), cand
+    assert cand.schedule.async_copies == tuple(op for op in move.ops if shape.analysis.access(op).elements) == (move.op,)
+    assert [(r.name, r.warp_lo, r.warp_hi) for r in cand.schedule.roles] == [("Worker", 4, 12), ("Load", 0, 2), ("Store", 2, 4)]
+    decided = space.decisions(point)
+    assert decided["async.parallel_1"] is True and decided["roles"] == "2xWG+pair@first"
+    assert space.candidate(space.sample(lambda name, options: decided[name])).hash == cand.hash
+    through_registers = space.candidate(replace(point, asynchronous=()))
+    assert through_registers.schedule == cand.schedule.with_(async_copies=()) and through_registers.hash != cand.hash
+    assert "point:" in space.candidate(replace(point, moved=(), asynchronous=(move.op,)))  # nothing moved: nothing to issue
+    # Where no load can move, two warps per light role are one warp's layout under another name.
+    gemm = task_of(data_dir / "plain_gemm.py", "M=1024,N=1024,K=1024").space()
+    gemm_shape = gemm.shape(next(gemm.param_points()))
+    assert gemm_shape.split_alias["1xWG+pair@first"] == "1xWG+warp@first" and "1xWG+pair@first" not in gemm_shape.splits
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
