@@ -939,14 +939,18 @@ def _prefer_async(func: Any, ops: tuple[str, ...]) -> Any:
         return func
     found: set[str] = set()
 
-    def mark(node: Any) -> Any:
+    def prefer(loop: Any) -> Any:
+        return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, {**loop.annotations, "parallel_prefer_async": True})
+
+    def mark(node: Any) -> Any:  # the loop carries the op id, or a ``with T.ws_op(...)`` around it does
         op = _op_of(node)
-        if op is None or op[0] not in ops or node.kind != tvm.tirx.ForKind.PARALLEL:
+        loop = node if isinstance(node, tvm.tirx.For) else getattr(node, "body", None)
+        if op is None or op[0] not in ops or not isinstance(loop, tvm.tirx.For) or loop.kind != tvm.tirx.ForKind.PARALLEL:
             return None
         found.add(op[0])
-        return tvm.tirx.For(node.loop_var, node.min, node.extent, node.kind, node.body, node.thread_binding, {**node.annotations, "parallel_prefer_async": True})
+        return prefer(node) if node is loop else tvm.tirx.AttrStmt(node.node, node.attr_key, node.value, prefer(loop))
 
-    marked = func.with_body(stmt_functor.ir_transform(func.body, None, mark, ["tirx.For"]))
+    marked = func.with_body(stmt_functor.ir_transform(func.body, None, mark, ["tirx.For", "tirx.AttrStmt"]))
     missing = sorted(set(ops) - found)
     if missing:
         raise CompilerError(f"async copies: {', '.join(missing)} is no element-wise (T.Parallel) loop of the kernel")

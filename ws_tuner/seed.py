@@ -134,6 +134,21 @@ class Seed:
         return {role: frozenset(n) for role, n in out.items()}
 
     @functools.cached_property
+    def loads(self) -> tuple[str, ...]:
+        """The element-wise loops of the seed's light roles that load shared buffers from
+        global memory (a producer's gather: no TMA loads rows by index), in role order; a
+        move's loads are not among them."""
+        moving = {op for m in self.movable for op in m.ops}
+        found = []
+        for role in self.role_names:
+            for op in self._ops_of(role) if role not in self.heavy else ():
+                acc = self.access(op)
+                on_chip = {b for b in acc.touched if not b.startswith("$")}
+                if acc.elements and on_chip and on_chip <= set(acc.writes) and all(self.kinds.get(b) == "shared" for b in on_chip) and op not in moving:
+                    found.append(op)
+        return tuple(dict.fromkeys(found))
+
+    @functools.cached_property
     def accumulator_words(self) -> dict[str, int]:
         """Per role: the 32-bit words of its MMAs' accumulators (each once), live
         in its registers across its loop."""

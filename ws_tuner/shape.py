@@ -219,20 +219,29 @@ class SeedShape:
         return f"nreg.{role}", c.producer_nreg
 
     def gatherers(self, plan: Plan) -> frozenset[str]:
-        """The roles that take moved loads in ``plan`` (and stage them through registers)."""
-        return frozenset(m.new_role for m in self.analysis.movable if m.feeds and m.op in plan.moved)
+        """The roles that gather element by element in ``plan``: those that take moved loads,
+        and the seed's light roles with loads of their own (``Seed.loads``)."""
+        seeds = {role for op in self.analysis.loads for role in self.analysis.placements(op)}
+        return frozenset(m.new_role for m in self.analysis.movable if m.feeds and m.op in plan.moved) | seeds
 
     def asyncable(self, moved: Sequence[str]) -> tuple[str, ...]:
-        """The moves among ``moved`` that can issue their copies by cp.async: loads with
+        """The loads that can issue their copies by cp.async: the element-wise loads of the
+        seed's light roles (``Seed.loads``) and the moves among ``moved`` that are loads with
         element-wise loops (gathers). Through registers, a one-warp Load role fed DeepSeek-V4's
         sparse attention at 253.8 TFLOP/s; by cp.async 277.1, and two warps at 72 registers
         351.6, against tilelang's default's 331.6 (H200 run 34)."""
-        return tuple(m.op for m in self.analysis.movable if m.feeds and m.op in moved and self._async_ops(m.op))
+        moves = tuple(m.op for m in self.analysis.movable if m.feeds and m.op in moved and self._async_ops(m.op))
+        return self.analysis.loads + moves
 
-    def _async_ops(self, move: str) -> tuple[str, ...]:
-        """The element-wise loops of a move: what cp.async issues."""
-        ops = next(m.ops for m in self.analysis.movable if m.op == move)
+    def _async_ops(self, load: str) -> tuple[str, ...]:
+        """The element-wise loops of a load of ``asyncable``: what cp.async issues."""
+        ops = next((m.ops for m in self.analysis.movable if m.op == load), (load,))
         return tuple(op for op in ops if self.analysis.access(op).elements)
+
+    @property
+    def gathering(self) -> bool:
+        """Whether a light role can gather element by element: the seed's or a moved load."""
+        return bool(self.analysis.loads) or (self.config.own_roles and any(m.feeds for m in self.analysis.movable))
 
     def move_choices(self) -> Iterator[tuple[tuple[str, ...], tuple[str, ...]]]:
         """Every (moved, asynchronous) pair: each movable op kept or moved, each moved load
@@ -249,7 +258,7 @@ class SeedShape:
         out: dict[str, Split | None] = {}
         seen: dict[tuple, str] = {}
         own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
-        gathers = c.own_roles and any(m.feeds for m in self.analysis.movable)
+        gathers = self.gathering
         for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
             for kind, first in itertools.product(c.producer_kinds, c.producer_first):
                 label = Split(wgs, kind, first).label
@@ -302,24 +311,26 @@ class SeedShape:
         warpgroup each, as the default's producer; and, where there are several, a warp
         each in one warpgroup, the default's thread count (a warpgroup each for a
         producer and a Store role is 512 threads, whose launch registers cannot hold a
-        wide MMA, and one warpgroup more to schedule); where loads can move to them, two
-        warps each, still one warpgroup (a gather by cp.async issues from more threads:
-        ``lowering_points`` offers it with moves only)."""
+        wide MMA, and one warpgroup more to schedule); where they can gather (``gathering``),
+        two warps each, still one warpgroup (a gather by cp.async issues from more threads:
+        ``lowering_points`` offers it with a gather only)."""
         light = [r for r in self.seed.roles if r.name not in self.analysis.heavy]
         if len(light) < 2:
             return ("warpgroup",)
-        return ("warpgroup", "warp", "pair") if self.config.own_roles and any(m.feeds for m in self.analysis.movable) else ("warpgroup", "warp")
+        return ("warpgroup", "warp", "pair") if self.gathering else ("warpgroup", "warp")
 
     def lowering_moves(self) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
         """The (moved, asynchronous) pairs of the lowering starts: nothing moved, and, where the
         seed leaves loads with its consumers (element-wise gathers), those loads given to the
         producer, as tilelang's default lowering gives a producer warpgroup every load it can
-        issue: through registers, and by cp.async as tilelang issues a gather."""
+        issue: each through registers, and, where it gathers (the seed's light roles or the
+        moved loads), by cp.async as tilelang issues a gather."""
         feeds = tuple(m.op for m in self.analysis.movable if m.feeds) if self.config.own_roles else ()
-        if not feeds:
-            return (((), ()),)
-        can = self.asyncable(feeds)
-        return ((), ()), (feeds, ()), *(((feeds, can),) if can else ())
+        out: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        for moved in ((), feeds) if feeds else ((),):
+            can = self.asyncable(moved)
+            out += [(moved, ()), *([(moved, can)] if can else [])]
+        return tuple(out)
 
     def lowering_points(self, params: ParamsKey, pipelines: str = MERGED, packing: str = "warpgroup", moved: tuple[str, ...] = (), asynchronous: tuple[str, ...] = ()) -> list[Point]:
         """The structure tilelang's default warp specialization gives a pipelined loop,
@@ -329,8 +340,8 @@ class SeedShape:
         released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
         largest that the register rules allow is the lowering's), then no budgets at all.
-        With ``moved`` loads, their new pipeline is double-buffered and the role that
-        gathers them takes the largest ``loader_nreg`` that fits first, then no budgets:
+        With ``moved`` loads, their new pipeline is double-buffered; a role that gathers
+        (``gatherers``) takes the largest ``loader_nreg`` that fits first, then no budgets:
         register-staged loads at a TMA producer's budget ran 1.3-1.7x slower than without
         budgets, and 1.09x faster at 136 (sparse MLA's gathers, H200 runs 28-29). A
         search seeded only by role_based's guess may not come near it (5x slower seeds
@@ -338,7 +349,7 @@ class SeedShape:
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
-        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing == "pair" and not moved):
+        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing == "pair" and not moved + asynchronous):
             return []
         plan = self.plan(layout, moved)
         if plan.infeasible:
@@ -351,13 +362,13 @@ class SeedShape:
         c = self.config
         light = min((n for n in c.producer_nreg if n), default=0)
         consumers = sorted(c.consumer_nreg, reverse=True)
+        gatherers = self.gatherers(plan)
         budgets = [(nreg, light, light) for nreg in consumers]  # (consumers, gatherers, other light roles)
         if 0 in c.producer_nreg and 0 in c.consumer_nreg:
             unbudgeted = (0, 0, 0)  # no setmaxnreg: where the rules allow no budget (8 warps)
-            budgets = [unbudgeted, *budgets] if moved else [*budgets, unbudgeted]
-        if moved:  # the other light roles at the gatherers' budget too: they may share its warpgroup
+            budgets = [unbudgeted, *budgets] if gatherers else [*budgets, unbudgeted]
+        if gatherers:  # the other light roles at the gatherers' budget too: they may share its warpgroup
             budgets = [(nreg, loader, other) for loader in sorted(c.loader_nreg, reverse=True) for nreg in consumers if nreg for other in (light, loader)] + budgets
-        gatherers = self.gatherers(plan)
 
         def nreg(role: str, budget: tuple[int, int, int]) -> int:
             return budget[0] if role in self.analysis.heavy else budget[1] if role in gatherers else budget[2]

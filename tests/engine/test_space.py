@@ -679,6 +679,34 @@ def test_a_moved_gather_issues_its_copies_by_cp_async_or_through_registers(data_
     assert gemm_shape.split_alias["1xWG+pair@first"] == "1xWG+warp@first" and "1xWG+pair@first" not in gemm_shape.splits
 
 
+def test_a_producers_own_gather_issues_by_cp_async_or_through_registers(data_dir, tmp_path):
+    """A hand-written seed whose producer gathers rows by index in a T.Parallel loop: the
+    same decision, asked at every point, and the producer decides a gatherer's budgets and
+    may take two warps. The loop may carry its op id, or sit in a ``with T.ws_op(...)``."""
+    plain = """                for i, j in T.Parallel(BLOCK_M, block_K, annotations={T.WSID: "gather_a"}):
+                    A_shared[i, j] = A[Idx[by * BLOCK_M + i], k * block_K + j]"""
+    wrapped = """                with T.ws_op("gather_a"):
+                    for i, j in T.Parallel(BLOCK_M, block_K):
+                        A_shared[i, j] = A[Idx[by * BLOCK_M + i], k * block_K + j]"""
+    for path in (data_dir / "gather_gemm.py", edited(data_dir, tmp_path, "gather_gemm.py", plain, wrapped)):
+        task = task_of(path, "M=1024,N=1024,K=1024")
+        space = task.space()
+        params = next(space.param_points())
+        shape = space.shape(params)
+        assert shape.analysis.loads == ("gather_a",) and shape.asyncable(()) == ("gather_a",) and not shape.analysis.movable
+        plan = shape.plan(SEED)
+        assert shape.gatherers(plan) == {"producer"} and shape.nreg_decision("producer", plan)[0] == "nreg.producer.gathers"
+        point = replace(shape.seed_point(params), roles="2xWG+pair@first", nregs=(136, 184), asynchronous=("gather_a",))
+        cand = space.candidate(point)
+        assert isinstance(cand, Candidate), cand
+        assert cand.schedule.async_copies == ("gather_a",) and (cand.schedule.role("producer").warp_lo, cand.schedule.role("producer").warp_hi) == (0, 2)
+        assert space.decisions(point)["async.gather_a"] is True
+        starts = space.lowering_candidates(params)  # through registers, and by cp.async, at a gatherer's budget
+        assert [c.schedule.async_copies for c in starts] == [(), ("gather_a",)] and {c.schedule.role("producer").max_nreg for c in starts} == {136}
+        source = compiler.compile_kernel(*task.lowered(starts[1])).get_kernel_source()
+        assert "cp_async" in source
+
+
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
     space = seeds["single_shot.py"].space()
     count = space.count()

@@ -37,6 +37,8 @@ CASES = {
     "gemm": (ROOT / "examples" / "gemm.py", "M=4096,N=4096,K=4096", {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (8,)}),
     "flash_fwd": (DATA / "flash_fwd.py", "B=2,H=8,S=2048,D=128", {}),
     "two_consumers": (DATA / "two_consumers.py", "M=4096,N=4096,K=4096", {}),
+    # Stop 38: a hand-written producer that gathers A's rows by index (async.gather_a: cp.async or registers).
+    "gather_gemm": (DATA / "gather_gemm.py", "M=4096,N=4096,K=4096", {}),
     "chain_gemm": (DATA / "chain_gemm.py", "M=4096,N=4096,K=4096", {}),
     "persistent_epilogue": (DATA / "persistent_epilogue.py", "M=4096,N=4096,K=4096", {}),
     # Written as new users would (H200 run 23): TMA im2col, fp8 operands, a loop whose loads and MMA
