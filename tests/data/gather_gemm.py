@@ -9,7 +9,7 @@ Schedule-space tests (the verifier, compiles) and the GPU space test use it."""
 import tilelang.language as T
 
 PROBLEM = {"M": None, "N": None, "K": None, "rows": 8192}
-PARAMS = {"block_N": [128, 256], "block_K": [64]}
+PARAMS = {"block_N": [128, 256], "block_K": [64], "threads": [128, 256]}  # threads: tilelang's own lowerings (the schedule sets its own)
 BLOCK_M = 128
 
 
@@ -19,7 +19,7 @@ def check(problem, params, schedule):
     return None
 
 
-def kernel(problem, *, block_N, block_K):
+def kernel(problem, *, block_N, block_K, threads):
     M, N, K, rows = problem["M"], problem["N"], problem["K"], problem["rows"]
     dtype, accum = "float16", "float32"
 
@@ -51,7 +51,7 @@ def kernel(problem, *, block_N, block_K):
 
     @T.prim_func
     def gather_gemm(A: T.Tensor((rows, K), dtype), Idx: T.Tensor((M,), "int32"), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(N // block_N, M // BLOCK_M, threads=384) as (bx, by):
+        with T.Kernel(N // block_N, M // BLOCK_M, threads=threads) as (bx, by):
             A_shared = T.alloc_shared((BLOCK_M, block_K), dtype)
             B_shared = T.alloc_shared((block_K, block_N), dtype)
             acc = T.alloc_fragment((BLOCK_M, block_N), accum)
