@@ -258,17 +258,22 @@ def test_a_baseline_enters_the_tournament_with_its_near_rivals():
     report = TuneReport(key, 0, compile_only=False)
     timing = Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=10)
 
-    def record(lowering, i, ratio, status=Status.OK):
+    def record(lowering, i, ratio, status=Status.OK, ms=1.0):
         cand = Candidate.make({"i": i}, lowering=Lowering(lowering))
-        return TrialRecord(cand, TrialResult(cand.hash, status, timing=timing, ratio=ratio), BASELINE, False)
+        timed = Timing(median_ms=ms, p20_ms=ms, p80_ms=ms, reps=10)
+        return TrialRecord(cand, TrialResult(cand.hash, status, timing=timed, ratio=ratio), BASELINE, False)
 
     report.records += [record("role_based", i, r) for i, r in enumerate([0.905, 0.900, 0.95, 0.915, 0.9005])]
-    report.records += [record("role_based", 9, 0.80, Status.WRONG), record("default", 10, 1.2)]
+    report.records += [record("role_based", 9, 0.80, Status.WRONG, ms=0.5), record("default", 10, 1.2)]
     got = [r.result.ratio for r in report.contenders("role_based", 0.02, 5)]
     assert got == [0.900, 0.9005, 0.905, 0.915]  # best first; 0.95 is out of the margin, the WRONG one never in
     assert [r.result.ratio for r in report.contenders("role_based", 0.02, 2)] == [0.900, 0.9005]
     assert [r.result.ratio for r in report.contenders("default", 0.02, 5)] == [1.2] and report.contenders("seed", 0.02, 5) == []
     assert report.baseline("role_based").result.ratio == 0.900
+    # The point of least search time is in too, whatever its ratio (its anchor's timing may have met another clock).
+    report.records.append(record("default", 11, 1.5, ms=0.8))
+    assert [r.result.ratio for r in report.contenders("default", 0.02, 5)] == [1.2, 1.5]
+    assert [r.result.ratio for r in report.contenders("default", 0.5, 5)] == [1.2, 1.5]  # once, where the margin takes it already
 
 
 def test_the_search_starts_from_tilelangs_default_structure(task, store):
