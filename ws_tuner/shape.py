@@ -4,9 +4,9 @@ choices and own point, and the small types the space is made of.
 ``SeedShape`` is one kernel-parameter point's seed, seen through its
 ``Variants`` (shared by every point whose seed and ops are the same). Warp
 ranges come from a ``Split``: consumer roles (they write register fragments)
-get whole warpgroups, every other role one warp, two (where loads can move to
-it: a gather) or one warpgroup, placed before or after them; "seed" where the
-seed's own ranges are none of these.
+get whole warpgroups, every other role one warp, two (where a light role
+gathers: ``SeedShape.gathering``) or one warpgroup, placed before or after
+them; "seed" where the seed's own ranges are none of these.
 Every label of a decision names some layout at every seed (an alias where
 two coincide), so a sampler sees one choice list per decision name.
 """
@@ -131,7 +131,7 @@ class Point:
     stages: tuple[int, ...] = ()  # one per decided span group
     nregs: tuple[int, ...] = ()  # one per role
     moved: tuple[str, ...] = ()  # ops in a role of their own
-    asynchronous: tuple[str, ...] = ()  # moved loads whose element-wise copies go by cp.async (SeedShape.asyncable)
+    asynchronous: tuple[str, ...] = ()  # gathers whose element-wise copies go by cp.async (SeedShape.asyncable)
 
 
 @dataclass

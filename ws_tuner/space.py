@@ -9,8 +9,8 @@ the seed, so samplers see a stable space:
   none of these;
 - ``own_role.<op>``: run an op in a role of its own where the seed allows
   it (a store from shared memory: the next loop iteration overlaps it);
-- ``async.<op>``: a moved load's element-wise copies (a gather) issued by
-  cp.async rather than through registers;
+- ``async.<op>``: a gather's element-wise copies (a light role's own load, or
+  a moved one) issued by cp.async rather than through registers;
 - ``pipelines``: each loop channel's buffers as the seed groups them, all
   merged or all separate;
 - ``depth.<pipeline>``: each loop pipeline's depth;
