@@ -74,7 +74,8 @@ class Candidate:
         s = self.schedule
         roles = ",".join(f"{r.name}:{r.warp_lo}-{r.warp_hi}@{r.max_nreg}" for r in s.roles)
         pipes = ",".join(f"{p.name}x{p.depth}" for p in s.pipelines)
-        return f"{params} | {roles} | {pipes}"
+        copies = f" | cp.async:{','.join(s.async_copies)}" if s.async_copies else ""
+        return f"{params} | {roles} | {pipes}{copies}"
 
 
 def canonical_json(data: Any) -> str:

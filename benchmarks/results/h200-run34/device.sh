@@ -15,6 +15,7 @@ for arg in "$@"; do
     space) WS_TUNE_SPACE_SAMPLES=${S:-4} timeout ${TB} python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_space_gpu.py -k "${K:-not nothing}" > $OUT/space.log 2>&1; echo "rc $?" >> $OUT/space.log ;;
     v4) tune v4 280 tests/data/sparse_attn_v4.py@batch=1,seq=4096,seq_kv=8192,heads=128,dim=512,topk=1024 ;;
     dec) tune dec 280 tests/data/mla_decode.py@batch=132,seqlen_kv=8192 ;;
+    la) tune la 280 tests/data/linear_attn.py@B=8,S=4096,H=16 ;;
     gg) tune gg 280 tests/data/gather_gemm.py@M=8192,N=8192,K=8192 ;;
     mla) tune mla 280 tests/data/sparse_mla.py@batch=1,seq=4096,seq_kv=8192,heads=128,topk=2048 ;;
     gemm) timeout 300 python3 -u benchmarks/gemm_h200.py --out $OUT/gemm --budget ${N:-24} --time-budget $TB --jobs 15 --shapes ${G:-8192x8192x8192} > $OUT/gemm.log 2>&1; echo "rc $?" >> $OUT/gemm.log ;;
