@@ -239,9 +239,14 @@ class SeedShape:
         return tuple(op for op in ops if self.analysis.access(op).elements)
 
     @property
+    def feeds(self) -> tuple[str, ...]:
+        """The loads the space may move out of their role (``Movable.feeds``), by move name."""
+        return tuple(m.op for m in self.analysis.movable if m.feeds) if self.config.own_roles else ()
+
+    @property
     def gathering(self) -> bool:
         """Whether a light role can gather element by element: the seed's or a moved load."""
-        return bool(self.analysis.loads) or (self.config.own_roles and any(m.feeds for m in self.analysis.movable))
+        return bool(self.analysis.loads or self.feeds)
 
     def move_choices(self) -> Iterator[tuple[tuple[str, ...], tuple[str, ...]]]:
         """Every (moved, asynchronous) pair: each movable op kept or moved, each moved load
@@ -329,9 +334,8 @@ class SeedShape:
         producer, as tilelang's default lowering gives a producer warpgroup every load it can
         issue: each through registers, and, where it gathers (the seed's light roles or the
         moved loads), by cp.async as tilelang issues a gather."""
-        feeds = tuple(m.op for m in self.analysis.movable if m.feeds) if self.config.own_roles else ()
         out: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-        for moved in ((), feeds) if feeds else ((),):
+        for moved in ((), self.feeds) if self.feeds else ((),):
             can = self.asyncable(moved)
             out += [(moved, ()), *([(moved, can)] if can else [])]
         return tuple(out)
@@ -353,6 +357,7 @@ class SeedShape:
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
         label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
         layout = self.analysis.layout_alias.get(pipelines)
+        # A gather by cp.async in two warps, one through registers in one (``lowering_packings``).
         if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing != "warpgroup" and (packing == "pair") != bool(asynchronous)):
             return []
         plan = self.plan(layout, moved)

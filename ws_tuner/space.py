@@ -78,7 +78,7 @@ class ScheduleSpace:
         self._deadlocks = DeadlockModel()  # shared: the seeds of different kernel parameters often deadlock alike
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
         self._register_reasons: dict[tuple, str | None] = {}
-        self._survivors: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
+        self._survivors: dict[tuple, tuple[tuple, int]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
         self._representatives: dict[ParamsKey, ParamsKey] = {}
         self._uses: dict[tuple, dict[str, SharedUse]] = {}
@@ -176,7 +176,7 @@ class ScheduleSpace:
                 pruned_params.append(f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)")
                 continue
             for moved, asynchronous in shape.move_choices():
-                survivors, below = self._role_survivors(params, shape, moved, count)
+                survivors, below = self._role_survivors(params, shape, moved)
                 for layout in shape.layouts():
                     plan = shape.plan(layout, moved)
                     depth_sets = tuple(itertools.product(self.config.depths, repeat=len(plan.varied)))
@@ -215,9 +215,16 @@ class ScheduleSpace:
     def _nreg_choices(self, shape: SeedShape, plan: Plan) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(shape.nreg_decision(r, plan)[1] for r in plan.roles))
 
-    def _role_survivors(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...], count: SpaceCount) -> tuple[tuple, int]:
+    def _role_survivors(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...]) -> tuple[tuple, int]:
         """The (split, nregs) pairs that survive, the prune tallies of one pass over
-        them, and how many there are in all (the points below one structure)."""
+        them, and how many there are in all (the points below one structure). Once per
+        point and moves: a load's cp.async choice leaves its roles as they are."""
+        key = (params, moved)
+        if key not in self._survivors:
+            self._survivors[key] = self._pass_over_roles(params, shape, moved)
+        return self._survivors[key]
+
+    def _pass_over_roles(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...]) -> tuple[tuple, int]:
         plan = shape.plan(shape.layouts()[0], moved)
         kept: list[tuple[str, tuple[int, ...]]] = []
         pruned: Counter = Counter()
@@ -357,7 +364,7 @@ class ScheduleSpace:
             assert not isinstance(shape, str)
             moved = tuple(op for op in shape.movable if rng.random() < 0.5)
             asynchronous = tuple(op for op in shape.asyncable(moved) if rng.random() < 0.5)
-            kept = self._survivors_of(params, shape, moved)
+            kept = self._role_survivors(params, shape, moved)[0][0]
             plan = shape.plan(rng.choice(shape.layouts()), moved)
             fitting = self._fitting_depths(shape, plan)
             if not kept or plan.infeasible or not fitting:
@@ -419,12 +426,6 @@ class ScheduleSpace:
             out[choice.name] = choice.label(tuple(next(stages) for _ in choice.groups))
         return out
 
-    def _survivors_of(self, params: ParamsKey, shape: SeedShape, moved: tuple[str, ...]) -> list[tuple[str, tuple[int, ...]]]:
-        key = (params, moved)
-        if key not in self._survivors:
-            self._survivors[key] = self._role_survivors(params, shape, moved, SpaceCount())[0][0]
-        return self._survivors[key]
-
     def _fitting_depths(self, shape: SeedShape, plan: Plan) -> list[tuple[int, ...]]:
         key = (id(shape), plan)
         if key not in self._fitting:
@@ -455,7 +456,7 @@ class ScheduleSpace:
         if point.roles not in shape.splits or point.layout not in shape.analysis.layouts or not set(point.moved) <= {m.op for m in shape.analysis.movable}:
             return f"point: unknown roles {point.roles!r}, pipelines {point.layout!r} or moved ops {point.moved} for this seed"
         if not set(point.asynchronous) <= set(shape.asyncable(point.moved)):
-            return f"point: {point.asynchronous} are not moved loads with element-wise copies {shape.asyncable(point.moved)}"
+            return f"point: cp.async for {point.asynchronous}, where this seed and moves have gathers {shape.asyncable(point.moved)} only"
         plan = shape.plan(point.layout, point.moved)
         if (len(point.depths), len(point.stages), len(point.nregs)) != (len(plan.varied), len(plan.groups), len(plan.roles)):
             return "point: its depths, stages or budgets do not match its plan"
