@@ -44,6 +44,12 @@ def gemm_spec():
 
 
 @pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty tilelang kernel cache for the spawned workers: compiles are real."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))
+
+
+@pytest.fixture
 def uncached() -> Iterator[None]:
     """Compiles in this process past tilelang's kernel cache: a cached kernel keeps its code,
     not what it was lowered to (``compiler.shared_memory``)."""

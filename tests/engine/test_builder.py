@@ -20,12 +20,6 @@ from ws_tuner.task import Task
 PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty tilelang kernel cache for the spawned workers: compiles are real."""
-    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))
-
-
 @pytest.fixture(scope="module")
 def seed(gemm_task):
     return gemm_task.space().seed_candidate(tuple(sorted(PARAMS.items())))

@@ -63,12 +63,6 @@ def build_inputs(spec, problem, variants):
     return [BuildInput(str(spec.path), spec.source_hash, problem, Candidate.make(p, Task.make(spec, problem).point_info(p).seed)) for p in variants]
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty tilelang kernel cache for the spawned workers: compiles are real."""
-    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))
-
-
 # --- MaterializeWSSchedule: every allowed variant ---------------------------
 
 

@@ -256,7 +256,6 @@ def test_a_baseline_enters_the_tournament_with_its_near_rivals():
 
     key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
     report = TuneReport(key, 0, compile_only=False)
-    timing = Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=10)
 
     def record(lowering, i, ratio, status=Status.OK, ms=1.0):
         cand = Candidate.make({"i": i}, lowering=Lowering(lowering))
