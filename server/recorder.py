@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 from ..candidate import Candidate
-from ..pipeline import Assignment, Recorder, Slot
+from ..pipeline import LATER, Assignment, Later, Recorder, Slot
 from ..result import TrialResult
 from ..search import Proposal, SearchStrategy
 from ..store import StoreError
@@ -123,19 +123,35 @@ class LeaseBook:
 class JobRecorder(Recorder):
     """The worker's recorder: places are the job's slots, claimed and leased in the
     database (so workers sharing a job never measure more than its budget), and
-    results finish them, fenced by the lease's epoch."""
+    results finish them, fenced by the lease's epoch.
 
-    def __init__(self, worker: Worker, job: JobRecord, workload_id: int) -> None:
+    ``starts`` (a job with baselines) plans the lowering starts from the stored baseline
+    results: no search slot is taken until every baseline slot of the job is finished,
+    by any worker, and this worker has queued the starts (each worker does, on its
+    first claim after that: queueing is idempotent, and no worker that died meanwhile
+    can leave a job without them)."""
+
+    def __init__(self, worker: Worker, job: JobRecord, workload_id: int, starts: Callable[[], list[Candidate]] | None = None) -> None:
         self.worker, self.job, self.workload_id = worker, job, workload_id
         self.queue = worker.retry(worker.queue)
         self.leases = worker.leases
+        self.starts = starts
         self._taken: set[str] = set()
         self._stale = True  # the candidates other slots hold are read again when needed
 
-    def claim(self) -> Slot | None:
+    def claim(self) -> Slot | Later | None:
         if self.worker.draining:
             return None
-        lease = self.queue.claim_slot(self.job.id, self.worker.id)
+        lease = self.queue.claim_slot(self.job.id, self.worker.id, search=self.starts is None)
+        if lease is None and self.starts is not None:
+            pending = self.queue.baselines_pending(self.job.id)
+            if pending is None:  # the job is no longer running
+                return None
+            if pending:
+                return LATER
+            self.queue.add_baseline_slots(self.job.id, self.starts(), kind=WARM)
+            self.starts = None
+            return self.claim()
         if lease is None:
             return None
         self.leases.hold(lease)

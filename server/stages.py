@@ -14,11 +14,11 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..builder import Builder
 from ..candidate import Candidate, sha256_hex
-from ..pipeline import TaskRef
+from ..pipeline import TaskRef, TrialRecord, start_points
 from ..runner import EvaluatorConfig, Runner
 from ..store import Store, StoreError
 from ..store.queue import JobRecord
@@ -48,8 +48,9 @@ class JobEngine:
     space: Any
     baselines: Callable[[], list[Candidate]] = field(default=lambda: [])
     anchors: Callable[[], list[Candidate]] = field(default=lambda: [])
-    # Schedules measured with the baselines, as warm starts (Task.lowering_starts).
-    starts: Callable[[], list[Candidate]] = field(default=lambda: [])
+    # Schedules measured after the baselines, as warm starts (Task.lowering_starts), at the
+    # points where the baselines' records (the argument) ran best (pipeline.start_points).
+    starts: Callable[[Sequence[TrialRecord]], list[Candidate]] = field(default=lambda records: [])
     # The best schedules of the nearest stored problem: (store, key, workload id) -> candidates.
     warm: Callable[[Store, WorkloadKey, int], list[Candidate]] = field(default=lambda store, key, workload_id: [])
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
@@ -97,7 +98,7 @@ class Stages:
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space,
             lambda: task.baselines_at(task.measured_points(timed=timed), timed=timed),
             anchors=lambda: task.anchors(space.served_points()),
-            starts=lambda: task.lowering_starts(task.measured_points(timed=timed)),
+            starts=lambda records: task.lowering_starts(start_points(records, task.measured_points(timed=timed))),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

@@ -231,7 +231,8 @@ class Worker:
         strategy.pre_tuning(engine.space, [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         pipeline = Pipeline(
             engine.ref, builder=self.stages.builder, runner=self.stages.runner, strategy=strategy,
-            recorder=JobRecorder(self, job, workload_id), report=TuneReport(key, workload_id, compile_only=not timed),
+            recorder=JobRecorder(self, job, workload_id, starts=(lambda: engine.starts(self._stored(workload_id))) if job.baselines else None),
+            report=TuneReport(key, workload_id, compile_only=not timed),
             known=known,
             options=PipelineOptions(max_in_flight=max(self.options.jobs, 1) + (1 if timed else 0), confirm_top=CONFIRM_TOP,
                                     evaluator=engine.evaluator),
@@ -240,7 +241,6 @@ class Worker:
             if started:
                 if job.baselines:
                     queue.add_baseline_slots(job.id, engine.baselines())
-                    queue.add_baseline_slots(job.id, engine.starts(), kind=WARM)
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
             pipeline.choose_anchor(engine.anchors())
             pipeline.run()
@@ -260,11 +260,14 @@ class Worker:
     def _confirm(self, pipeline: Pipeline, workload_id: int) -> None:
         """The final tournament of the job's leaders and baselines (every worker's),
         run by the one worker that saw the job complete."""
-        trials = self.retry(self.store).trials_by_hash(workload_id=workload_id)
-        pipeline.report.records = [TrialRecord(t.candidate, t.result, t.result.info.get("role", SEARCH), cached=True)
-                                   for t in trials.values()]  # fmt: skip
+        pipeline.report.records = self._stored(workload_id)
         confirmed = pipeline.confirm()
         _log.info("workload %d: %d result(s) confirmed in the final tournament", workload_id, len(confirmed))
+
+    def _stored(self, workload_id: int) -> list[TrialRecord]:
+        """The workload's stored trials (every worker's, and earlier jobs' and runs'), as records."""
+        trials = self.retry(self.store).trials_by_hash(workload_id=workload_id)
+        return [TrialRecord(t.candidate, t.result, t.result.info.get("role", SEARCH), cached=True) for t in trials.values()]
 
     def _job_crashed(self, job: JobRecord, exc: Exception) -> None:
         """An unexpected error while running a job: hand its trials back and try again;

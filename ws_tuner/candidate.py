@@ -29,11 +29,12 @@ class Lowering(str, Enum):
 
 
 TILELANG_LOWERINGS = (Lowering.DEFAULT, Lowering.NO_WS, Lowering.ROLE_BASED)  # the baselines tilelang builds on its own
+ParamsKey = tuple[tuple[str, Any], ...]  # a kernel-parameter point: its (name, value) pairs, sorted
 
 
 @dataclass(frozen=True)
 class Candidate:
-    params: tuple[tuple[str, Any], ...]
+    params: ParamsKey
     schedule: Schedule | None = None
     lowering: Lowering = Lowering.WS
 

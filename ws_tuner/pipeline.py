@@ -14,9 +14,12 @@ finishes them. Everything else is here, once:
   ratio to it (measure.py);
 * one kernel, one measurement: candidates whose generated code is the same
   (a kernel parameter the schedule overrides) are measured once and share it;
+* the lowering starts wait for the baselines: a recorder answers LATER until
+  their results are in, then plans the starts at the points where they ran best
+  (``start_points``);
 * the final tournament: the leaders and the best of every baseline (with the
-  points of a baseline whose search timings come within 2% of its best), re-timed
-  all together until the winner's ratio is known to 1%.
+  points of a baseline whose search timings come within 5% of its best, and its
+  fastest), re-timed all together until the winner's ratio is known to 1%.
 """
 
 from __future__ import annotations
@@ -30,13 +33,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from .builder import Builder, BuildInput, BuildResult
-from .candidate import Candidate, Lowering
+from .candidate import Candidate, Lowering, ParamsKey
 from .result import Status, TrialResult
 from .runner import EvaluatorConfig, RunInput, Runner
 from .search import Proposal, SearchStrategy
 from .store import StoredTrial
 
 SEARCH, BASELINE, WARM = "search", "baseline", "warm"
+# The lowering starts go where a baseline kind ran among its fastest points, not to every
+# point: in the 13 tunings of H200 runs 33-34 the best start's point was among the seed's two
+# fastest in every one (at the fastest point of all baselines in 5), while a large grid paid
+# 192 starts before the search.
+STARTS_PER_KIND = 2
+POLL_SECONDS = 0.5  # how often the loop looks at what is in flight, or asks again after LATER
 MAX_REFUSALS = 200  # proposals refused beyond what is known or taken before the space counts as exhausted
 BASELINE_KINDS = ("seed", "default", "no_ws", "role_based", "reference")
 
@@ -67,6 +76,17 @@ class Slot:
     handle: Any = None  # the recorder's own (a lease)
 
 
+class Later:
+    """``Recorder.claim``'s answer when its next places wait for results in flight
+    (the lowering starts wait for the baselines): ask again once one is in."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = Later()
+
+
 class Assignment:
     ASSIGNED, DUPLICATE, LOST = "assigned", "duplicate", "lost"
 
@@ -75,8 +95,9 @@ class Recorder(abc.ABC):
     """Where the pipeline's places come from and its results go."""
 
     @abc.abstractmethod
-    def claim(self) -> Slot | None:
-        """A place for one more measurement; None when there is none (budget spent, stopping)."""
+    def claim(self) -> Slot | Later | None:
+        """A place for one more measurement; LATER when the next ones wait for results
+        in flight; None when there is none (budget spent, stopping)."""
 
     def assign(self, slot: Slot, proposal: Proposal) -> str:
         """Bind a proposed candidate to the slot: ASSIGNED, DUPLICATE (another slot has it) or LOST."""
@@ -182,9 +203,26 @@ class TuneReport:
         return near + ([fastest] if fastest is not None and all(r is not fastest for r in near) else [])
 
     def _of_kind(self, kind: str) -> Iterable[TrialRecord]:
-        if kind == "seed":
-            return (r for r in self.records if r.role == BASELINE and r.candidate.lowering is Lowering.WS)
-        return (r for r in self.records if r.candidate.lowering.value == kind)
+        return of_kind(self.records, kind)
+
+
+def of_kind(records: Iterable[TrialRecord], kind: str) -> Iterable[TrialRecord]:
+    """The records of one of BASELINE_KINDS: the seed schedule's, or one lowering's."""
+    if kind == "seed":
+        return (r for r in records if r.role == BASELINE and r.candidate.lowering is Lowering.WS)
+    return (r for r in records if r.candidate.lowering.value == kind)
+
+
+def start_points(records: Iterable[TrialRecord], points: Sequence[ParamsKey]) -> list[ParamsKey]:
+    """Where the lowering starts are measured once the baselines at ``points`` are in:
+    each point where a baseline kind ran among its STARTS_PER_KIND fastest (by search
+    ratio), in ``points``' order; all of ``points`` where none was timed (compile-only)."""
+    records, leading = list(records), set()
+    for kind in BASELINE_KINDS:
+        timed = sorted((r for r in of_kind(records, kind) if r.result.status is Status.OK and r.result.ratio is not None),
+                       key=lambda r: r.result.rank_key())  # fmt: skip
+        leading |= set(list(dict.fromkeys(r.candidate.params for r in timed))[:STARTS_PER_KIND])
+    return [p for p in points if p in leading] or list(points)
 
 
 Listener = Callable[[str, "TrialRecord | None"], None]
@@ -268,17 +306,22 @@ class Pipeline:
             self.report.search_seconds += time.monotonic() - start
 
     def _loop(self) -> None:
-        claiming = True
+        claiming: bool | Later = True
         while True:
             if self.recorder.stopping():
                 break
-            while claiming and len(self._in_flight) < self.options.max_in_flight:
+            while claiming is True and len(self._in_flight) < self.options.max_in_flight:
                 claiming = self._claim_one()
-            if not self._in_flight:
+            if self._in_flight:
+                done, _ = wait(list(self._in_flight), timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    self._advance(fut, self._in_flight.pop(fut))
+            elif claiming is LATER:
+                time.sleep(POLL_SECONDS)  # what the places wait for is in another worker's hands
+            else:
                 break
-            done, _ = wait(list(self._in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in done:
-                self._advance(fut, self._in_flight.pop(fut))
+            if claiming is LATER:
+                claiming = True
 
     def _searching(self) -> bool:
         """Whether the search's clock leaves time for one more place; the first asking starts it."""
@@ -294,10 +337,12 @@ class Pipeline:
         self._in_flight.clear()
         return slots
 
-    def _claim_one(self) -> bool:
+    def _claim_one(self) -> bool | Later:
         slot = self.recorder.claim()
         if slot is None:
             return False
+        if isinstance(slot, Later):
+            return LATER
         if slot.candidate is None and not self._searching():
             self.report.out_of_time = True
             self.recorder.release(slot, exhausted=True)

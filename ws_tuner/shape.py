@@ -18,8 +18,9 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
+from .candidate import ParamsKey
 from .schedule import WARPS_PER_GROUP, OpAccess, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE
 from .variant import Plan, Variants
@@ -29,8 +30,6 @@ SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
 # still share one warpgroup (DeepSeek-V4's Load role, 2 warps beside a Store role: 351.6 TFLOP/s,
 # one warp 277.1; 3 warps, a partition that does not divide the tile, 99.4. H200 run 34).
 LIGHT_WARPS = {"warp": 1, "pair": 2, "warpgroup": WARPS_PER_GROUP}
-
-ParamsKey = tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import compiler
-from .candidate import TILELANG_LOWERINGS, Candidate, Lowering, canonical_json
+from .candidate import TILELANG_LOWERINGS, Candidate, Lowering, ParamsKey, canonical_json
 from .kernel import KernelFileError, KernelSpec, load_kernel
 from .sandbox import spawn_context
 from .space import PointInfo, ScheduleSpace, SpaceConfig
@@ -18,7 +18,6 @@ from .space import PointInfo, ScheduleSpace, SpaceConfig
 
 _LOADED: dict[tuple[str, str, str], "Task"] = {}
 PRIMFUNCS_KEPT = 64  # parameter points whose PrimFunc a task keeps
-ParamsKey = tuple[tuple[str, Any], ...]
 
 
 def params_key(params: dict[str, Any]) -> ParamsKey:

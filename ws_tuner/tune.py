@@ -16,13 +16,16 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .builder import Builder
 from .candidate import Candidate, Lowering
-from .pipeline import BASELINE, SEARCH, WARM, Listener, Pipeline, PipelineOptions, Recorder, Slot, TaskRef, TrialRecord, TuneReport
+from .pipeline import (
+    BASELINE, LATER, SEARCH, WARM, Later, Listener, Pipeline, PipelineOptions, Recorder, Slot, TaskRef, TrialRecord, TuneReport,
+    start_points,
+)  # fmt: skip
 from .result import Status, TrialResult
 from .runner import EvaluatorConfig, Runner
 from .search import SearchStrategy, study_name_of
@@ -72,27 +75,43 @@ def interrupts_deferred() -> Iterator[None]:
         previous(signal.SIGINT, None)
 
 
-class StoreRecorder(Recorder):
-    """The CLI's recorder: first the warm start, then search places up to the
-    budget (counting what earlier runs stored); results go to the store."""
+Places = list[tuple[Candidate, str]]  # candidates to measure, each with its role
 
-    def __init__(self, store: Store, workload_id: int, first: list[tuple[Candidate, str]], budget: int, searched: int) -> None:
+
+class StoreRecorder(Recorder):
+    """The CLI's recorder: first the baselines and warm starts, then, once their
+    results are in, the places that depend on them (``then``: the lowering starts), then
+    search places up to the budget (counting what earlier runs stored); results go to
+    the store."""
+
+    def __init__(self, store: Store, workload_id: int, first: Places, budget: int, searched: int,
+                 then: Callable[[], Places] | None = None) -> None:  # fmt: skip
         self.store, self.workload_id = store, workload_id
-        self.first = deque(first)
+        self.first, self.then = deque(first), then
         self.budget, self.searched = budget, searched
+        self.open = 0  # places of ``first`` handed out and not yet recorded
         self.stored = 0  # trials this run committed (counted here: a Ctrl-C may land before anyone else hears of one)
 
-    def claim(self) -> Slot | None:
+    def claim(self) -> Slot | Later | None:
         if self.first:
             candidate, role = self.first.popleft()
+            self.open += 1
             return Slot(role, candidate)
+        if self.then is not None:
+            if self.open:
+                return LATER
+            then, self.then = self.then, None
+            self.first.extend(then())
+            return self.claim()
         if self.searched >= self.budget:
             return None
         self.searched += 1
         return Slot(SEARCH)
 
     def release(self, slot: Slot, *, exhausted: bool) -> None:
-        if slot.role == SEARCH:
+        if slot.role != SEARCH:
+            self.open -= 1
+        else:
             self.searched -= 1
             if exhausted:
                 self.budget = self.searched  # the space has nothing more: stop asking
@@ -101,6 +120,8 @@ class StoreRecorder(Recorder):
         with interrupts_deferred():  # a Ctrl-C between the commit and the count miscounted what was stored
             self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
             self.stored += 1
+        if slot.role != SEARCH:
+            self.open -= 1
         return True
 
     def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
@@ -137,7 +158,9 @@ class Tuner:
         self.strategy.keep_study_in(self.store.url, study_name_of(self.key, self.workload_id))  # for optuna-dashboard
         self.strategy.pre_tuning(self.task.space(), [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         searched = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
-        recorder = StoreRecorder(self.store, self.workload_id, self._first(), self.options.budget, searched)
+        first = self._first()
+        recorder = StoreRecorder(self.store, self.workload_id, first, self.options.budget, searched,
+                                 then=lambda: self._starts({c.hash for c, _ in first}))  # fmt: skip
         pipeline = Pipeline(
             TaskRef(str(self.task.spec.path), self.task.spec.source_hash, self.task.problem),
             builder=self.builder, runner=self.runner, strategy=self.strategy, recorder=recorder, report=self.report,
@@ -165,14 +188,11 @@ class Tuner:
         return self.report
 
     # --- what to measure first ----------------------------------------------
-    def _first(self) -> list[tuple[Candidate, str]]:
-        out: list[tuple[Candidate, str]] = []
+    def _first(self) -> Places:
+        out: Places = []
         if self.options.baselines:
             timed = self.runner is not None
-            points = self.task.measured_points(timed=timed)
-            out += [(c, BASELINE) for c in self.task.baselines_at(points, timed=timed)]
-            # Schedules of the space, not baselines: they start the search (see Task.lowering_starts).
-            out += [(c, WARM) for c in self.task.lowering_starts(points)]
+            out += [(c, BASELINE) for c in self.task.baselines_at(self.task.measured_points(timed=timed), timed=timed)]
         out += [(c, WARM) for c in nearest_best(self.store, self.key, self.workload_id, self.task)]
         # Each candidate once, in its first role, as the service's job queue keeps them
         # (unique per job and candidate): a warm start that is also a seed point (the
@@ -182,6 +202,14 @@ class Tuner:
         for candidate, role in out:
             distinct.setdefault(candidate.hash, (candidate, role))
         return list(distinct.values())
+
+    def _starts(self, first: set[str]) -> Places:
+        """The lowering starts (Task.lowering_starts: schedules of the space, not baselines;
+        they start the search), at the points where the baselines just measured ran best."""
+        if not self.options.baselines:
+            return []
+        points = start_points(self.report.records, self.task.measured_points(timed=self.runner is not None))
+        return [(c, WARM) for c in self.task.lowering_starts(points) if c.hash not in first]
 
 
 

@@ -275,15 +275,52 @@ def test_a_baseline_enters_the_tournament_with_its_near_rivals():
     assert [r.result.ratio for r in report.contenders("default", 0.5, 5)] == [1.2, 1.5]  # once, where the margin takes it already
 
 
-def test_the_search_starts_from_tilelangs_default_structure(task, store):
-    """At every kernel-parameter point the schedule shaped as tilelang's default warp
-    specialization is measured before the search (warm), once."""
+def test_the_search_starts_from_tilelangs_default_structure_where_the_baselines_ran_best(task, store):
+    """Once every baseline is in, the schedule shaped as tilelang's default warp
+    specialization is measured (warm, once) at the points where a baseline kind ran
+    among its fastest, and nowhere else, before the search."""
+    from ws_tuner.pipeline import start_points
+
     report, builder = tune(task, store, budget=2)
-    starts = {c.hash for c in task.lowering_starts(list(task.space().param_points()))}
-    roles = {r.candidate.hash: r.role for r in report.records}
-    assert len(starts) == 4 and starts <= set(roles)
-    assert {roles[h] for h in starts} == {"warm"}
+    measured = task.measured_points(timed=True)
+    baselines = [r for r in report.records if r.role == BASELINE]
+    points = start_points(baselines, measured)
+    assert 1 < len(points) < len(measured)  # the dummy's slowest seed point (block_N=128, swizzle 0) leads no kind
+    starts = {c.hash for c in task.lowering_starts(points)}
+    elsewhere = {c.hash for c in task.lowering_starts(measured)} - starts
+    order = {r.candidate.hash: i for i, r in enumerate(report.records)}
+    assert len(starts) == len(points) and starts <= set(order) and not elsewhere & set(order)
+    assert {report.records[order[h]].role for h in starts} == {"warm"}
+    assert max(order[r.candidate.hash] for r in baselines) < min(order[h] for h in starts)  # after every baseline
+    searched = [builder.submitted.index(r.candidate.hash) for r in report.records if r.role == SEARCH]
+    assert searched and max(builder.submitted.index(h) for h in starts) < min(searched)  # and before the search
     assert len(builder.submitted) == len(set(builder.submitted))
+
+
+def test_the_lowering_starts_go_where_each_baseline_kind_ran_best(task):
+    """``start_points``: each baseline kind's two fastest points by search ratio (WRONG
+    and untimed results lead nothing), in the measured order; every measured point when
+    nothing was timed (compile-only)."""
+    from ws_tuner.candidate import Candidate
+    from ws_tuner.pipeline import STARTS_PER_KIND, TrialRecord, start_points
+    from ws_tuner.result import TrialResult
+
+    points = [(("i", i),) for i in range(8)]
+
+    seed = task.space().seed_candidate(task.measured_points(timed=True)[0]).schedule
+
+    def record(lowering, i, ratio, status=Status.OK, role=BASELINE):
+        cand = Candidate.make({"i": i}, seed) if lowering == "seed" else Candidate.make({"i": i}, lowering=Lowering(lowering))
+        return TrialRecord(cand, TrialResult(cand.hash, status, ratio=ratio), role)
+
+    assert STARTS_PER_KIND == 2
+    records = [record("default", i, r) for i, r in enumerate([1.3, 1.1, 1.2, 1.0, 1.4])]
+    records += [record("role_based", 6, 0.5, Status.WRONG), record("role_based", 7, 0.9), record("no_ws", 2, None)]
+    records += [record("seed", 5, 0.7), record("seed", 0, 0.8), record("seed", 4, 0.6)]
+    records += [record("reference", 9, 0.4), record("seed", 6, 0.1, role=SEARCH)]  # a search record leads nothing
+    assert start_points(records, points) == [points[1], points[3], points[4], points[5], points[7]]
+    assert start_points(records, points[:2]) == [points[1]]  # only where it was measured
+    assert start_points([record("default", 0, None)], points[:3]) == points[:3]  # nothing timed: everywhere
 
 
 def test_a_ctrl_c_during_a_commit_lands_after_it():

@@ -214,15 +214,16 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
 
 
 def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: str, live_server: Callable, make_token: Callable,
-                                                                     worker_thread: Callable) -> None:  # fmt: skip
-    """With its baselines, a job measures at every kernel-parameter point the schedule
-    shaped as tilelang's default warp specialization, in a warm slot (as the CLI does)."""
+                                                                     worker_thread: Callable, open_db: Callable) -> None:  # fmt: skip
+    """With its baselines, a job measures the schedule shaped as tilelang's default warp
+    specialization, in a warm slot, once every baseline is in, at the points where the
+    baselines ran best, and before its search (as the CLI does)."""
+    from ws_tuner.pipeline import BASELINE, TrialRecord, start_points
     from ws_tuner.task import Task
 
     spec = load_kernel(EXAMPLES / "gemm.py")
-    pins = "block_K=64,block_M=128,block_N=256,consumers=cooperative,epilogue=direct,mma=sync,persistent=false,split=square"
+    pins = "block_K=64,block_M=128,consumers=cooperative,epilogue=direct,mma=sync,persistent=false,split=square"
     task = Task.make(spec, spec.parse_problem(SHAPE), spec.parse_params(pins))
-    starts = {c.hash for c in task.lowering_starts(list(task.space().param_points()))}
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write")
     worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
@@ -231,8 +232,16 @@ def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: st
         job = client.post("/jobs", json=body).json()
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
         assert done["state"] == "succeeded", done
-        kinds = {t["candidate_hash"]: t["kind"] for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]}
-    assert len(starts) == 2 and {kinds.get(h) for h in starts} == {"warm"}
+        trials = {t["candidate_hash"]: t for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]}
+    stored = open_db(db_url).trials_by_hash(workload_id=done["workload_id"]).values()
+    points = task.measured_points(timed=True)
+    chosen = start_points([TrialRecord(t.candidate, t.result, t.result.info["role"]) for t in stored if t.result.info["role"] == BASELINE], points)
+    starts = {c.hash for c in task.lowering_starts(chosen)}
+    elsewhere = {c.hash for c in task.lowering_starts(points)} - starts
+    assert len(points) == 4 and len(chosen) == 3 and {trials[h]["kind"] for h in starts} == {"warm"} and not elsewhere & set(trials)
+    baselines = [t for t in trials.values() if t["kind"] == "baseline"]
+    later = [t for t in trials.values() if t["kind"] != "baseline"]  # the starts, then the search
+    assert max(t["finished_at"] for t in baselines) <= min(t["created_at"] for t in later)
 
 
 def test_best_schedule_by_url_reuses_one_store(db_url: str, open_db: Callable) -> None:

@@ -56,10 +56,10 @@ def _fence(lease: SlotLease) -> Any:
 class Leases(OnStore):
     """Slots: claimed under a lease, bound to a candidate, finished or handed back."""
 
-    def claim_slot(self, job_id: int, worker_id: str) -> SlotLease | None:
+    def claim_slot(self, job_id: int, worker_id: str, *, search: bool = True) -> SlotLease | None:
         """A slot of the job for this worker: a queued one (a retry, a handed-back
-        or baseline slot) first, else a new search slot while the budget lasts.
-        None when the job has nothing to claim (or is no longer running)."""
+        or baseline slot) first, else (``search``) a new search slot while the budget
+        lasts. None when the job has nothing to claim (or is no longer running)."""
         with self.store.session_scope() as session:
             now = self.sql.now()
             queued = session.scalar(
@@ -82,6 +82,8 @@ class Leases(OnStore):
                 row = session.get(JobTrialModel, queued, populate_existing=True)
                 assert row is not None
                 return slot_lease(row)
+            if not search:
+                return None
             job = session.execute(
                 select(JobModel.time_budget, JobModel.state).where(JobModel.id == job_id)
             ).first()
@@ -184,6 +186,16 @@ class Leases(OnStore):
                 if result.rowcount == 1:
                     return True
             return hand_back(session, self.sql, _fence(lease)) == 1
+
+    def baselines_pending(self, job_id: int) -> bool | None:
+        """Whether baseline slots of the job are queued or in flight (what the lowering
+        starts wait for); None when the job is no longer running."""
+        with self.store.session_scope(read_only=True) as session:
+            if session.scalar(select(JobModel.state).where(JobModel.id == job_id)) != RUNNING:
+                return None
+            open_slot = select(JobTrialModel.id).where(JobTrialModel.job_id == job_id, JobTrialModel.kind == BASELINE,
+                                                       JobTrialModel.state.in_([QUEUED, RUNNING]))  # fmt: skip
+            return session.scalar(open_slot.limit(1)) is not None
 
     def add_baseline_slots(self, job_id: int, candidates: Iterable[Candidate], *, kind: str = BASELINE) -> int:
         """Queue the baselines (or the warm start) of a job: not counted in its search budget."""

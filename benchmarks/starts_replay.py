@@ -1,0 +1,56 @@
+"""Where the lowering starts would have gone: replays ``pipeline.start_points`` on the
+trials tables of past GPU runs (``trials_tsv.py``), which measured a start at every
+kernel-parameter point, and says for each tuning how many starts the baselines' best
+points keep and whether the best start (by search ratio) is among them.
+
+    python benchmarks/starts_replay.py benchmarks/results/h200-run3[34]/call*/**/*-trials.tsv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from ws_tuner.candidate import Candidate, Lowering
+from ws_tuner.pipeline import BASELINE, WARM, TrialRecord, start_points
+from ws_tuner.result import Status, TrialResult
+
+
+def records(rows: list[dict[str, str]]) -> list[TrialRecord]:
+    """The rows as the tuning held them before its tournament: every ratio the search's."""
+    out = []
+    for row in rows:
+        ratio = row.get("search_ratio") or row["ratio"]
+        # The table keeps a schedule's short form only: a bare candidate carries what start_points reads.
+        candidate = Candidate(tuple(sorted(json.loads(row["params"]).items())), None, Lowering(row["lowering"]))
+        result = TrialResult(candidate.hash, Status(row["status"]), ratio=float(ratio) if ratio not in ("", "None") else None)
+        out.append(TrialRecord(candidate, result, row["role"]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("tables", nargs="+", type=Path)
+    args = ap.parse_args()
+    print("tuning\tpoints\tchosen\tstarts\tkept\tbest start kept")
+    for path in args.tables:
+        rows = list(csv.DictReader(path.open(), delimiter="\t"))
+        if not rows or "role" not in rows[0]:
+            continue  # a table from before the role column
+        for workload in sorted({r["workload"] for r in rows}):
+            recs = records([r for r in rows if r["workload"] == workload])
+            points = list(dict.fromkeys(r.candidate.params for r in recs if r.role == BASELINE and r.candidate.params))
+            starts = [r for r in recs if r.role == WARM and r.candidate.params in points]
+            timed = [r for r in starts if r.result.status is Status.OK and r.result.ratio is not None]
+            if not timed:
+                continue
+            chosen = set(start_points([r for r in recs if r.role == BASELINE], points))
+            best = min(timed, key=lambda r: r.result.ratio)
+            kept = sum(r.candidate.params in chosen for r in starts)
+            print(f"{path.parent.name}/{workload}\t{len(points)}\t{len(chosen)}\t{len(starts)}\t{kept}\t{best.candidate.params in chosen}")
+
+
+if __name__ == "__main__":
+    main()
