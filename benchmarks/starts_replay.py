@@ -1,9 +1,9 @@
 """Where the lowering starts would have gone: replays ``pipeline.start_points`` on the
-trials tables of past GPU runs (``trials_tsv.py``), which measured a start at every
-kernel-parameter point, and says for each tuning how many starts the baselines' best
-points keep and whether the best start (by search ratio) is among them.
+trials tables of past GPU runs (``trials_tsv.py``; runs up to 34 measured a start at every
+kernel-parameter point), and says for each tuning how many of its starts the chosen points
+keep and whether its best start (by search ratio) is among them.
 
-    python benchmarks/starts_replay.py benchmarks/results/h200-run3[34]/call*/**/*-trials.tsv
+    python benchmarks/starts_replay.py benchmarks/results/h200-run3[345]/call*/**/*-trials.tsv
 """
 
 from __future__ import annotations

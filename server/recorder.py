@@ -125,17 +125,18 @@ class JobRecorder(Recorder):
     database (so workers sharing a job never measure more than its budget), and
     results finish them, fenced by the lease's epoch.
 
-    ``starts`` (a job with baselines) plans the lowering starts from the stored baseline
-    results: no search slot is taken until every baseline slot of the job is finished,
-    by any worker, and this worker has queued the starts (each worker does, on its
-    first claim after that: queueing is idempotent, and no worker that died meanwhile
-    can leave a job without them)."""
+    ``starts`` (a job with baselines) plans the lowering starts from the stored results
+    of the ``awaited`` candidates (the seed schedule's baselines): no search slot is taken
+    until their slots are finished, by any worker, and this worker has queued the starts
+    (each worker does, on its first claim after that: queueing is idempotent, and no
+    worker that died meanwhile can leave a job without them)."""
 
-    def __init__(self, worker: Worker, job: JobRecord, workload_id: int, starts: Callable[[], list[Candidate]] | None = None) -> None:
+    def __init__(self, worker: Worker, job: JobRecord, workload_id: int, starts: Callable[[], list[Candidate]] | None = None,
+                 awaited: Sequence[str] = ()) -> None:  # fmt: skip
         self.worker, self.job, self.workload_id = worker, job, workload_id
         self.queue = worker.retry(worker.queue)
         self.leases = worker.leases
-        self.starts = starts
+        self.starts, self.awaited = starts, list(awaited)
         self._taken: set[str] = set()
         self._stale = True  # the candidates other slots hold are read again when needed
 
@@ -144,7 +145,7 @@ class JobRecorder(Recorder):
             return None
         lease = self.queue.claim_slot(self.job.id, self.worker.id, search=self.starts is None)
         if lease is None and self.starts is not None:
-            pending = self.queue.baselines_pending(self.job.id)
+            pending = self.queue.slots_pending(self.job.id, self.awaited)
             if pending is None:  # the job is no longer running
                 return None
             if pending:

@@ -48,8 +48,8 @@ class JobEngine:
     space: Any
     baselines: Callable[[], list[Candidate]] = field(default=lambda: [])
     anchors: Callable[[], list[Candidate]] = field(default=lambda: [])
-    # Schedules measured after the baselines, as warm starts (Task.lowering_starts), at the
-    # points where the baselines' records (the argument) ran best (pipeline.start_points).
+    # Schedules measured after the seed schedule's baselines, as warm starts (Task.lowering_starts),
+    # at the seed's fastest points in the records given (pipeline.start_points).
     starts: Callable[[Sequence[TrialRecord]], list[Candidate]] = field(default=lambda records: [])
     # The best schedules of the nearest stored problem: (store, key, workload id) -> candidates.
     warm: Callable[[Store, WorkloadKey, int], list[Candidate]] = field(default=lambda store, key, workload_id: [])

@@ -41,6 +41,7 @@ import uuid
 import zlib
 from typing import Any
 
+from ..candidate import Lowering
 from ..pipeline import Pipeline, PipelineOptions, TrialRecord, TuneReport
 from ..result import Status
 from ..store import Store, StoreError
@@ -229,9 +230,12 @@ class Worker:
         storage = self._optuna_storage()  # the job's study: its sampler's state, and the record optuna-dashboard reads
         strategy = RetryingStrategy(search.create(job.strategy, seed=seed, storage=storage, study_name=study_name(job.id)), self.retry)
         strategy.pre_tuning(engine.space, [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
+        baselines = engine.baselines() if job.baselines else []
+        # The lowering starts are planned from the seed schedule's baselines, once they are in.
+        recorder = JobRecorder(self, job, workload_id, starts=(lambda: engine.starts(self._stored(workload_id))) if job.baselines else None,
+                               awaited=[c.hash for c in baselines if c.lowering is Lowering.WS])  # fmt: skip
         pipeline = Pipeline(
-            engine.ref, builder=self.stages.builder, runner=self.stages.runner, strategy=strategy,
-            recorder=JobRecorder(self, job, workload_id, starts=(lambda: engine.starts(self._stored(workload_id))) if job.baselines else None),
+            engine.ref, builder=self.stages.builder, runner=self.stages.runner, strategy=strategy, recorder=recorder,
             report=TuneReport(key, workload_id, compile_only=not timed),
             known=known,
             options=PipelineOptions(max_in_flight=max(self.options.jobs, 1) + (1 if timed else 0), confirm_top=CONFIRM_TOP,
@@ -239,8 +243,7 @@ class Worker:
         )  # fmt: skip
         try:
             if started:
-                if job.baselines:
-                    queue.add_baseline_slots(job.id, engine.baselines())
+                queue.add_baseline_slots(job.id, baselines)
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
             pipeline.choose_anchor(engine.anchors())
             pipeline.run()

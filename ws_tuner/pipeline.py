@@ -14,9 +14,9 @@ finishes them. Everything else is here, once:
   ratio to it (measure.py);
 * one kernel, one measurement: candidates whose generated code is the same
   (a kernel parameter the schedule overrides) are measured once and share it;
-* the lowering starts wait for the baselines: a recorder answers LATER until
-  their results are in, then plans the starts at the points where they ran best
-  (``start_points``);
+* the lowering starts wait for the seed schedule's baselines: a recorder answers
+  LATER until their results are in, then plans the starts at the seed's fastest
+  points (``start_points``);
 * the final tournament: the leaders and the best of every baseline (with the
   points of a baseline whose search timings come within 5% of its best, and its
   fastest), re-timed all together until the winner's ratio is known to 1%.
@@ -40,11 +40,10 @@ from .search import Proposal, SearchStrategy
 from .store import StoredTrial
 
 SEARCH, BASELINE, WARM = "search", "baseline", "warm"
-# The lowering starts go where a baseline kind ran among its fastest points, not to every
-# point: in the 13 tunings of H200 runs 33-34 the best start's point was among the seed's two
-# fastest in every one (at the fastest point of all baselines in 5), while a large grid paid
-# 192 starts before the search.
-STARTS_PER_KIND = 2
+# The lowering starts go to the seed schedule's fastest points, not to every point: in the 13
+# tunings of H200 runs 33-34 the best start's point was the seed's fastest (11) or its second
+# (2), while a large grid paid 192 starts before the search; the third is a margin.
+START_POINTS = 3
 POLL_SECONDS = 0.5  # how often the loop looks at what is in flight, or asks again after LATER
 MAX_REFUSALS = 200  # proposals refused beyond what is known or taken before the space counts as exhausted
 BASELINE_KINDS = ("seed", "default", "no_ws", "role_based", "reference")
@@ -214,14 +213,12 @@ def of_kind(records: Iterable[TrialRecord], kind: str) -> Iterable[TrialRecord]:
 
 
 def start_points(records: Iterable[TrialRecord], points: Sequence[ParamsKey]) -> list[ParamsKey]:
-    """Where the lowering starts are measured once the baselines at ``points`` are in:
-    each point where a baseline kind ran among its STARTS_PER_KIND fastest (by search
-    ratio), in ``points``' order; all of ``points`` where none was timed (compile-only)."""
-    records, leading = list(records), set()
-    for kind in BASELINE_KINDS:
-        timed = sorted((r for r in of_kind(records, kind) if r.result.status is Status.OK and r.result.ratio is not None),
-                       key=lambda r: r.result.rank_key())  # fmt: skip
-        leading |= set(list(dict.fromkeys(r.candidate.params for r in timed))[:STARTS_PER_KIND])
+    """Where the lowering starts are measured once the seed schedule's baselines at
+    ``points`` are in: its START_POINTS fastest points (by search ratio), in ``points``'
+    order; all of ``points`` where none was timed (compile-only, a seed wrong everywhere)."""
+    timed = sorted((r for r in of_kind(records, "seed") if r.result.status is Status.OK and r.result.ratio is not None),
+                   key=lambda r: r.result.rank_key())  # fmt: skip
+    leading = set(list(dict.fromkeys(r.candidate.params for r in timed))[:START_POINTS])
     return [p for p in points if p in leading] or list(points)
 
 

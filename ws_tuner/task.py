@@ -211,9 +211,10 @@ class Task:
         return points if timed else points[:1]
 
     def baselines_at(self, points: Iterable[ParamsKey], *, timed: bool) -> list[Candidate]:
-        """``baselines`` at each point, then the vendors (timed only: they do not compile)."""
+        """``baselines`` at each point, the seed schedules first (the lowering starts wait
+        for them: pipeline.start_points), then the vendors (timed only: they do not compile)."""
         out = [c for params in points for c in self.baselines(dict(params))]
-        return out + (self.vendor_baselines() if timed else [])
+        return sorted(out, key=lambda c: c.lowering is not Lowering.WS) + (self.vendor_baselines() if timed else [])
 
     def baselines(self, params: dict[str, Any]) -> list[Candidate]:
         """The kernel's seed schedule, tilelang's default lowering, the same without warp

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -79,39 +79,36 @@ Places = list[tuple[Candidate, str]]  # candidates to measure, each with its rol
 
 
 class StoreRecorder(Recorder):
-    """The CLI's recorder: first the baselines and warm starts, then, once their
-    results are in, the places that depend on them (``then``: the lowering starts), then
-    search places up to the budget (counting what earlier runs stored); results go to
-    the store."""
+    """The CLI's recorder: first the baselines and warm starts; once the results of
+    ``awaited`` (some of them) are in, the places planned from them (``then``: the
+    lowering starts), after what is still queued; then search places up to the budget
+    (counting what earlier runs stored). Results go to the store."""
 
     def __init__(self, store: Store, workload_id: int, first: Places, budget: int, searched: int,
-                 then: Callable[[], Places] | None = None) -> None:  # fmt: skip
+                 then: Callable[[], Places] | None = None, awaited: Iterable[str] = ()) -> None:  # fmt: skip
         self.store, self.workload_id = store, workload_id
-        self.first, self.then = deque(first), then
+        self.first, self.then, self.awaited = deque(first), then, set(awaited)
         self.budget, self.searched = budget, searched
-        self.open = 0  # places of ``first`` handed out and not yet recorded
         self.stored = 0  # trials this run committed (counted here: a Ctrl-C may land before anyone else hears of one)
 
     def claim(self) -> Slot | Later | None:
-        if self.first:
-            candidate, role = self.first.popleft()
-            self.open += 1
-            return Slot(role, candidate)
-        if self.then is not None:
-            if self.open:
-                return LATER
+        if self.then is not None and not self.awaited:
             then, self.then = self.then, None
             self.first.extend(then())
-            return self.claim()
+        if self.first:
+            candidate, role = self.first.popleft()
+            return Slot(role, candidate)
+        if self.then is not None:
+            return LATER
         if self.searched >= self.budget:
             return None
         self.searched += 1
         return Slot(SEARCH)
 
     def release(self, slot: Slot, *, exhausted: bool) -> None:
-        if slot.role != SEARCH:
-            self.open -= 1
-        else:
+        if slot.candidate is not None:
+            self.awaited.discard(slot.candidate.hash)
+        if slot.role == SEARCH:
             self.searched -= 1
             if exhausted:
                 self.budget = self.searched  # the space has nothing more: stop asking
@@ -120,8 +117,7 @@ class StoreRecorder(Recorder):
         with interrupts_deferred():  # a Ctrl-C between the commit and the count miscounted what was stored
             self.store.commit_trial(workload_id=self.workload_id, candidate=candidate, result=result)
             self.stored += 1
-        if slot.role != SEARCH:
-            self.open -= 1
+        self.awaited.discard(candidate.hash)
         return True
 
     def record_confirmed(self, results: Sequence[tuple[Candidate, TrialResult]]) -> None:
@@ -159,8 +155,9 @@ class Tuner:
         self.strategy.pre_tuning(self.task.space(), [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         searched = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
         first = self._first()
+        seeds = [c.hash for c, role in first if role == BASELINE and c.lowering is Lowering.WS]
         recorder = StoreRecorder(self.store, self.workload_id, first, self.options.budget, searched,
-                                 then=lambda: self._starts({c.hash for c, _ in first}))  # fmt: skip
+                                 then=lambda: self._starts({c.hash for c, _ in first}), awaited=seeds)  # fmt: skip
         pipeline = Pipeline(
             TaskRef(str(self.task.spec.path), self.task.spec.source_hash, self.task.problem),
             builder=self.builder, runner=self.runner, strategy=self.strategy, recorder=recorder, report=self.report,
@@ -205,7 +202,7 @@ class Tuner:
 
     def _starts(self, first: set[str]) -> Places:
         """The lowering starts (Task.lowering_starts: schedules of the space, not baselines;
-        they start the search), at the points where the baselines just measured ran best."""
+        they start the search), at the seed schedule's fastest points, just measured."""
         if not self.options.baselines:
             return []
         points = start_points(self.report.records, self.task.measured_points(timed=self.runner is not None))

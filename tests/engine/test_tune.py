@@ -275,34 +275,35 @@ def test_a_baseline_enters_the_tournament_with_its_near_rivals():
     assert [r.result.ratio for r in report.contenders("default", 0.5, 5)] == [1.2, 1.5]  # once, where the margin takes it already
 
 
-def test_the_search_starts_from_tilelangs_default_structure_where_the_baselines_ran_best(task, store):
-    """Once every baseline is in, the schedule shaped as tilelang's default warp
-    specialization is measured (warm, once) at the points where a baseline kind ran
-    among its fastest, and nowhere else, before the search."""
+def test_the_search_starts_from_tilelangs_default_structure_where_the_seed_ran_best(task, store):
+    """Once the seed schedule's baselines are in, the schedule shaped as tilelang's
+    default warp specialization is measured (warm, once) at the seed's fastest points,
+    and nowhere else, before the search."""
     from ws_tuner.pipeline import start_points
 
     report, builder = tune(task, store, budget=2)
     measured = task.measured_points(timed=True)
     baselines = [r for r in report.records if r.role == BASELINE]
+    seeds = [r for r in baselines if r.candidate.lowering is Lowering.WS]
     points = start_points(baselines, measured)
-    assert 1 < len(points) < len(measured)  # the dummy's slowest seed point (block_N=128, swizzle 0) leads no kind
+    assert len(points) == 3 < len(measured)  # not the dummy's slowest seed point (block_N=128, swizzle 0)
     starts = {c.hash for c in task.lowering_starts(points)}
     elsewhere = {c.hash for c in task.lowering_starts(measured)} - starts
     order = {r.candidate.hash: i for i, r in enumerate(report.records)}
     assert len(starts) == len(points) and starts <= set(order) and not elsewhere & set(order)
     assert {report.records[order[h]].role for h in starts} == {"warm"}
-    assert max(order[r.candidate.hash] for r in baselines) < min(order[h] for h in starts)  # after every baseline
+    assert max(order[r.candidate.hash] for r in seeds) < min(order[h] for h in starts)  # after the seed's every point
     searched = [builder.submitted.index(r.candidate.hash) for r in report.records if r.role == SEARCH]
     assert searched and max(builder.submitted.index(h) for h in starts) < min(searched)  # and before the search
     assert len(builder.submitted) == len(set(builder.submitted))
 
 
-def test_the_lowering_starts_go_where_each_baseline_kind_ran_best(task):
-    """``start_points``: each baseline kind's two fastest points by search ratio (WRONG
-    and untimed results lead nothing), in the measured order; every measured point when
-    nothing was timed (compile-only)."""
+def test_the_lowering_starts_go_where_the_seed_ran_best(task):
+    """``start_points``: the seed schedule's three fastest points by search ratio (WRONG
+    and untimed results, tilelang's lowerings and the search's records lead nothing), in
+    the measured order; every measured point when no seed was timed (compile-only)."""
     from ws_tuner.candidate import Candidate
-    from ws_tuner.pipeline import STARTS_PER_KIND, TrialRecord, start_points
+    from ws_tuner.pipeline import START_POINTS, TrialRecord, start_points
     from ws_tuner.result import TrialResult
 
     points = [(("i", i),) for i in range(8)]
@@ -313,14 +314,13 @@ def test_the_lowering_starts_go_where_each_baseline_kind_ran_best(task):
         cand = Candidate.make({"i": i}, seed) if lowering == "seed" else Candidate.make({"i": i}, lowering=Lowering(lowering))
         return TrialRecord(cand, TrialResult(cand.hash, status, ratio=ratio), role)
 
-    assert STARTS_PER_KIND == 2
-    records = [record("default", i, r) for i, r in enumerate([1.3, 1.1, 1.2, 1.0, 1.4])]
-    records += [record("role_based", 6, 0.5, Status.WRONG), record("role_based", 7, 0.9), record("no_ws", 2, None)]
-    records += [record("seed", 5, 0.7), record("seed", 0, 0.8), record("seed", 4, 0.6)]
-    records += [record("reference", 9, 0.4), record("seed", 6, 0.1, role=SEARCH)]  # a search record leads nothing
-    assert start_points(records, points) == [points[1], points[3], points[4], points[5], points[7]]
+    assert START_POINTS == 3
+    records = [record("seed", i, r) for i, r in enumerate([1.3, 1.1, 1.2, 1.0, 1.4])]
+    records += [record("seed", 6, 0.5, Status.WRONG), record("seed", 7, None), record("seed", 2, 1.15)]
+    records += [record("default", 5, 0.7), record("role_based", 0, 0.8), record("seed", 4, 0.1, role=SEARCH)]
+    assert start_points(records, points) == [points[1], points[2], points[3]]
     assert start_points(records, points[:2]) == [points[1]]  # only where it was measured
-    assert start_points([record("default", 0, None)], points[:3]) == points[:3]  # nothing timed: everywhere
+    assert start_points(records[-3:], points[:3]) == points[:3]  # no seed timed: everywhere
 
 
 def test_a_ctrl_c_during_a_commit_lands_after_it():

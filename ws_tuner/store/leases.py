@@ -187,14 +187,15 @@ class Leases(OnStore):
                     return True
             return hand_back(session, self.sql, _fence(lease)) == 1
 
-    def baselines_pending(self, job_id: int) -> bool | None:
-        """Whether baseline slots of the job are queued or in flight (what the lowering
-        starts wait for); None when the job is no longer running."""
+    def slots_pending(self, job_id: int, candidate_hashes: Iterable[str]) -> bool | None:
+        """Whether slots of the job for these candidates are queued or in flight (the seed
+        schedule's baselines, which the lowering starts wait for); None when the job is no
+        longer running."""
         with self.store.session_scope(read_only=True) as session:
             if session.scalar(select(JobModel.state).where(JobModel.id == job_id)) != RUNNING:
                 return None
-            open_slot = select(JobTrialModel.id).where(JobTrialModel.job_id == job_id, JobTrialModel.kind == BASELINE,
-                                                       JobTrialModel.state.in_([QUEUED, RUNNING]))  # fmt: skip
+            open_slot = select(JobTrialModel.id).where(JobTrialModel.job_id == job_id, JobTrialModel.state.in_([QUEUED, RUNNING]),
+                                                       JobTrialModel.candidate_hash.in_(list(candidate_hashes)))  # fmt: skip
             return session.scalar(open_slot.limit(1)) is not None
 
     def add_baseline_slots(self, job_id: int, candidates: Iterable[Candidate], *, kind: str = BASELINE) -> int:
