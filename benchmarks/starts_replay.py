@@ -46,7 +46,11 @@ def main() -> None:
             timed = [r for r in starts if r.result.status is Status.OK and r.result.ratio is not None]
             if not timed:
                 continue
-            chosen = set(start_points([r for r in recs if r.role == BASELINE], points))
+            baselines = [r for r in recs if r.role == BASELINE]
+            # The tables name a seed and a start by the parameters of their candidates, not by the
+            # points they were planned for (a thread count the schedule sets): compared there.
+            seeds = {(r.candidate.params, r.candidate.hash): r.candidate.hash for r in baselines if r.candidate.lowering is Lowering.WS}
+            chosen = {params for params, _ in start_points(baselines, seeds)}
             best = min(timed, key=lambda r: r.result.ratio)
             kept = sum(r.candidate.params in chosen for r in starts)
             print(f"{path.parent.name}/{workload}\t{len(points)}\t{len(chosen)}\t{len(starts)}\t{kept}\t{best.candidate.params in chosen}")

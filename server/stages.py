@@ -98,7 +98,7 @@ class Stages:
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space,
             lambda: task.baselines_at(task.measured_points(timed=timed), timed=timed),
             anchors=lambda: task.anchors(space.served_points()),
-            starts=lambda records: task.lowering_starts(start_points(records, task.measured_points(timed=timed))),
+            starts=lambda records: task.lowering_starts(start_points(records, task.seed_points(task.measured_points(timed=timed)))),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

@@ -30,7 +30,7 @@ import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .builder import Builder, BuildInput, BuildResult
 from .candidate import Candidate, Lowering, ParamsKey
@@ -212,14 +212,17 @@ def of_kind(records: Iterable[TrialRecord], kind: str) -> Iterable[TrialRecord]:
     return (r for r in records if r.candidate.lowering.value == kind)
 
 
-def start_points(records: Iterable[TrialRecord], points: Sequence[ParamsKey]) -> list[ParamsKey]:
-    """Where the lowering starts are measured once the seed schedule's baselines at
-    ``points`` are in: its START_POINTS fastest points (by search ratio), in ``points``'
-    order; all of ``points`` where none was timed (compile-only, a seed wrong everywhere)."""
+def start_points(records: Iterable[TrialRecord], seeds: Mapping[ParamsKey, str]) -> list[ParamsKey]:
+    """Where the lowering starts are measured once the seed schedule's baselines are in:
+    the points of ``seeds`` (each measured point's seed candidate, by hash) whose seed is
+    one of the START_POINTS fastest (by search ratio), in ``seeds``' order; all of them
+    where none was timed (compile-only, a seed wrong everywhere). Points, not the seeds'
+    own parameters: where the schedule overrides a kernel parameter (a thread count),
+    several points share one seed, and the starts differ between them."""
     timed = sorted((r for r in of_kind(records, "seed") if r.result.status is Status.OK and r.result.ratio is not None),
                    key=lambda r: r.result.rank_key())  # fmt: skip
-    leading = set(list(dict.fromkeys(r.candidate.params for r in timed))[:START_POINTS])
-    return [p for p in points if p in leading] or list(points)
+    leading = set(list(dict.fromkeys(r.candidate.hash for r in timed if r.candidate.hash in seeds.values()))[:START_POINTS])
+    return [p for p, seed in seeds.items() if seed in leading] or list(seeds)
 
 
 Listener = Callable[[str, "TrialRecord | None"], None]

@@ -204,6 +204,13 @@ class Task:
         except compiler.CompilerError:  # the kernel does not build here: nothing to rewrite
             return False
 
+    def seed_points(self, points: Iterable[ParamsKey]) -> dict[ParamsKey, str]:
+        """Each point's seed schedule (its candidate's hash), where the space has one.
+        Points that differ only in a kernel parameter the schedule overrides (a thread
+        count) share one seed, yet not their lowering starts."""
+        space = self.space()
+        return {p: c.hash for p in points if isinstance(c := space.seed_candidate(p), Candidate)}
+
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
         """Where the baselines and lowering starts are measured: every point the kernel
         serves, or, compile-only (that they build is all it shows), the first."""

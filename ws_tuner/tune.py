@@ -205,7 +205,7 @@ class Tuner:
         they start the search), at the seed schedule's fastest points, just measured."""
         if not self.options.baselines:
             return []
-        points = start_points(self.report.records, self.task.measured_points(timed=self.runner is not None))
+        points = start_points(self.report.records, self.task.seed_points(self.task.measured_points(timed=self.runner is not None)))
         return [(c, WARM) for c in self.task.lowering_starts(points) if c.hash not in first]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -285,7 +286,7 @@ def test_the_search_starts_from_tilelangs_default_structure_where_the_seed_ran_b
     measured = task.measured_points(timed=True)
     baselines = [r for r in report.records if r.role == BASELINE]
     seeds = [r for r in baselines if r.candidate.lowering is Lowering.WS]
-    points = start_points(baselines, measured)
+    points = start_points(baselines, task.seed_points(measured))
     assert len(points) == 3 < len(measured)  # not the dummy's slowest seed point (block_N=128, swizzle 0)
     starts = {c.hash for c in task.lowering_starts(points)}
     elsewhere = {c.hash for c in task.lowering_starts(measured)} - starts
@@ -299,28 +300,31 @@ def test_the_search_starts_from_tilelangs_default_structure_where_the_seed_ran_b
 
 
 def test_the_lowering_starts_go_where_the_seed_ran_best(task):
-    """``start_points``: the seed schedule's three fastest points by search ratio (WRONG
-    and untimed results, tilelang's lowerings and the search's records lead nothing), in
-    the measured order; every measured point when no seed was timed (compile-only)."""
+    """``start_points``: the points whose seed schedule is one of the three fastest by
+    search ratio (WRONG and untimed results, tilelang's lowerings and the search's records
+    lead nothing), every point of a seed that several share, in the measured order; every
+    measured point when no seed was timed (compile-only)."""
     from ws_tuner.candidate import Candidate
     from ws_tuner.pipeline import START_POINTS, TrialRecord, start_points
     from ws_tuner.result import TrialResult
 
-    points = [(("i", i),) for i in range(8)]
-
-    seed = task.space().seed_candidate(task.measured_points(timed=True)[0]).schedule
+    schedule = task.space().seed_candidate(task.measured_points(timed=True)[0]).schedule
 
     def record(lowering, i, ratio, status=Status.OK, role=BASELINE):
-        cand = Candidate.make({"i": i}, seed) if lowering == "seed" else Candidate.make({"i": i}, lowering=Lowering(lowering))
+        cand = Candidate.make({"i": i}, schedule) if lowering == "seed" else Candidate.make({"i": i}, lowering=Lowering(lowering))
         return TrialRecord(cand, TrialResult(cand.hash, status, ratio=ratio), role)
 
+    # The schedule sets the thread count: two points, one seed (measured once, as its own parameters say).
+    seeds = {(("i", i), ("threads", t)): record("seed", i, None).candidate.hash for i in range(8) for t in (128, 256)}
+    points = list(seeds)
     assert START_POINTS == 3
     records = [record("seed", i, r) for i, r in enumerate([1.3, 1.1, 1.2, 1.0, 1.4])]
     records += [record("seed", 6, 0.5, Status.WRONG), record("seed", 7, None), record("seed", 2, 1.15)]
     records += [record("default", 5, 0.7), record("role_based", 0, 0.8), record("seed", 4, 0.1, role=SEARCH)]
-    assert start_points(records, points) == [points[1], points[2], points[3]]
-    assert start_points(records, points[:2]) == [points[1]]  # only where it was measured
-    assert start_points(records[-3:], points[:3]) == points[:3]  # no seed timed: everywhere
+    assert start_points(records, seeds) == points[2:8]  # seeds 1, 2 and 3, at both thread counts
+    elsewhere = {p: s for p, s in seeds.items() if p[0][1] != 3}  # seed 3 measured, its points not among these
+    assert start_points(records, elsewhere) == points[:6]  # seeds 1, 2 and then 0
+    assert start_points(records[-3:], dict(list(seeds.items())[:3])) == points[:3]  # no seed timed: everywhere
 
 
 def test_a_ctrl_c_during_a_commit_lands_after_it():
@@ -339,3 +343,26 @@ def test_a_ctrl_c_during_a_commit_lands_after_it():
             done.append("counted")
     assert done == ["committed", "counted"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_lowering_starts_where_the_seed_sets_the_thread_count(store):
+    """DeepSeek-V4's seed schedules set their own thread count: the seed of the point at
+    256 threads carries the parameters of the one at 128 (its representative), while the
+    lowering starts exist at 256 only (H200 run 35, call 5, measured none when the seeds'
+    own parameters stood for the points)."""
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.pipeline import WARM
+    from ws_tuner.task import Task
+
+    spec = load_kernel(Path(__file__).resolve().parents[1] / "data" / "sparse_attn_v4.py")
+    task = Task.make(spec, spec.parse_problem("batch=1,seq=4096,seq_kv=8192,heads=128,dim=512,topk=1024"),
+                     spec.parse_params("block_N=64,num_stages=1"))  # fmt: skip
+    report, _ = tune(task, store, budget=1, strategy="random", builder=VerifyOnlyBuilder(), confirm_top=0)
+    measured = task.measured_points(timed=True)
+    seeds = task.seed_points(measured)
+    by_hash = {c.hash: c for p in measured for c in task.baselines(dict(p)) if c.lowering is Lowering.WS}
+    assert len(measured) == 2 and set(seeds.values()) == set(by_hash)
+    assert {dict(c.params)["threads"] for c in by_hash.values()} == {128}  # both seeds name the point at 128
+    assert not task.lowering_starts([p for p in measured if dict(p)["threads"] == 128])
+    warm = {r.candidate.hash for r in report.records if r.role == WARM}
+    assert warm and warm == {c.hash for c in task.lowering_starts(measured)}

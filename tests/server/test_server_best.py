@@ -235,7 +235,8 @@ def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: st
         trials = {t["candidate_hash"]: t for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]}
     stored = open_db(db_url).trials_by_hash(workload_id=done["workload_id"]).values()
     points = task.measured_points(timed=True)
-    chosen = start_points([TrialRecord(t.candidate, t.result, t.result.info["role"]) for t in stored if t.result.info["role"] == BASELINE], points)
+    baselines = [TrialRecord(t.candidate, t.result, t.result.info["role"]) for t in stored if t.result.info["role"] == BASELINE]
+    chosen = start_points(baselines, task.seed_points(points))
     starts = {c.hash for c in task.lowering_starts(chosen)}
     elsewhere = {c.hash for c in task.lowering_starts(points)} - starts
     assert len(points) == 4 and len(chosen) == 3 and {trials[h]["kind"] for h in starts} == {"warm"} and not elsewhere & set(trials)
