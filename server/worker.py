@@ -242,8 +242,10 @@ class Worker:
                                     evaluator=engine.evaluator),
         )  # fmt: skip
         try:
+            # Every worker of the job queues the baselines (idempotent): the starts wait for the seeds'
+            # slots, which a worker that joined before the starter queued them would not find.
+            queue.add_baseline_slots(job.id, baselines)
             if started:
-                queue.add_baseline_slots(job.id, baselines)
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
             pipeline.choose_anchor(engine.anchors())
             pipeline.run()

@@ -213,11 +213,13 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
     assert all(r.cached for r in again.records) and len(again.records) == 7
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: str, live_server: Callable, make_token: Callable,
-                                                                     worker_thread: Callable, open_db: Callable) -> None:  # fmt: skip
+                                                                     worker_thread: Callable, open_db: Callable, workers: int) -> None:  # fmt: skip
     """With its baselines, a job measures the schedule shaped as tilelang's default warp
     specialization, in a warm slot, once the seed schedule's baselines are in, at the seed's
-    fastest points, and before its search (as the CLI does)."""
+    fastest points, and before its search (as the CLI does); with two workers, one waits
+    while the other measures a seed, and the starts are queued once."""
     from ws_tuner.pipeline import BASELINE, TrialRecord, start_points
     from ws_tuner.task import Task
 
@@ -226,13 +228,16 @@ def test_a_job_with_baselines_starts_from_tilelangs_default_structure(db_url: st
     task = Task.make(spec, spec.parse_problem(SHAPE), spec.parse_params(pins))
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write")
-    worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
+    for _ in range(workers):
+        worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel", runner_delay=0.2 * (workers - 1)))
     with live.client(token) as client:
         body = {"kernel": "gemm", "problem": SHAPE, "params": pins, "budget": 2, "strategy": "random", "seed": 1, "baselines": True}
         job = client.post("/jobs", json=body).json()
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
         assert done["state"] == "succeeded", done
-        trials = {t["candidate_hash"]: t for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]}
+        listed = client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]
+        trials = {t["candidate_hash"]: t for t in listed}
+    assert len(trials) == len(listed)  # each candidate once
     stored = open_db(db_url).trials_by_hash(workload_id=done["workload_id"]).values()
     points = task.measured_points(timed=True)
     baselines = [TrialRecord(t.candidate, t.result, t.result.info["role"]) for t in stored if t.result.info["role"] == BASELINE]
