@@ -187,7 +187,7 @@ class TuneReport:
 
     def baseline(self, kind: str) -> TrialRecord | None:
         """Best of one baseline: one of BASELINE_KINDS (the reference with vendor libraries)."""
-        return self.best_of(self._of_kind(kind))
+        return self.best_of(of_kind(self.records, kind))
 
     def contenders(self, kind: str, margin: float, most: int) -> list[TrialRecord]:
         """One baseline's points that may be its best: within ``margin`` of its best
@@ -195,14 +195,11 @@ class TuneReport:
         that is another (a clock that moved between a point and its anchor's timing can hide
         the best: gather_gemm's no_ws ran 527.7 TFLOP/s 3.4% behind its kind's best ratio,
         whose point the tournament put at 452.1, H200 run 34)."""
-        ok = sorted((r for r in self._of_kind(kind) if r.result.status is Status.OK and r.result.ratio is not None),
+        ok = sorted((r for r in of_kind(self.records, kind) if r.result.status is Status.OK and r.result.ratio is not None),
                     key=lambda r: r.result.rank_key())  # fmt: skip
         near = [r for r in ok if r.result.ratio <= ok[0].result.ratio * (1 + margin)][:most] if ok else []
         fastest = min((r for r in ok if r.result.timing), key=lambda r: r.result.timing.median_ms, default=None)
         return near + ([fastest] if fastest is not None and all(r is not fastest for r in near) else [])
-
-    def _of_kind(self, kind: str) -> Iterable[TrialRecord]:
-        return of_kind(self.records, kind)
 
 
 def of_kind(records: Iterable[TrialRecord], kind: str) -> Iterable[TrialRecord]:

@@ -319,9 +319,9 @@ class SeedShape:
         two warps each, still one warpgroup. ``lowering_points`` packs a gather by cp.async
         in two warps or a warpgroup, one through registers in one warp or a warpgroup: by
         cp.async DeepSeek-V4's ran 277.1 TFLOP/s from one warp and 351.6 from two (H200 run
-        34), through registers two warps gained 6% on one (run 33). Each lowering start is
-        measured at every kernel-parameter point: linear attention's 16 made 256 before
-        this pairing (128 before gathers by cp.async)."""
+        34), through registers two warps gained 6% on one (run 33). Each packing multiplies
+        the starts at every point they go to: linear attention's 4 points with starts made
+        256 before this pairing (128 before gathers by cp.async)."""
         light = [r for r in self.seed.roles if r.name not in self.analysis.heavy]
         if len(light) < 2:
             return ("warpgroup",)

@@ -189,8 +189,9 @@ class Task:
         """At each kernel-parameter point, the schedule shaped as tilelang's default warp
         specialization (``ScheduleSpace.lowering_candidates``), where the space holds it,
         and tilelang's default lowering of the kernel as ws-tune rewrites it, where that
-        differs from the kernel as written: measured with the baselines, as warm starts, so
-        that a search seeded by role_based's guess starts no worse than those lowerings."""
+        differs from the kernel as written: measured after the seed's baselines, as warm
+        starts, so that a search seeded by role_based's guess starts no worse than those
+        lowerings."""
         space, out = self.space(), []
         for params in points:
             out += space.lowering_candidates(params)
@@ -212,8 +213,9 @@ class Task:
         return {p: c.hash for p in points if isinstance(c := space.seed_candidate(p), Candidate)}
 
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
-        """Where the baselines and lowering starts are measured: every point the kernel
-        serves, or, compile-only (that they build is all it shows), the first."""
+        """Where the baselines are measured, and the lowering starts chosen from
+        (``pipeline.start_points``): every point the kernel serves, or, compile-only (that
+        they build is all it shows), the first."""
         points = self.space().served_points()
         return points if timed else points[:1]
 
