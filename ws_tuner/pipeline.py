@@ -212,14 +212,15 @@ def of_kind(records: Iterable[TrialRecord], kind: str) -> Iterable[TrialRecord]:
 def start_points(records: Iterable[TrialRecord], seeds: Mapping[ParamsKey, str]) -> list[ParamsKey]:
     """Where the lowering starts are measured once the seed schedule's baselines are in:
     the points of ``seeds`` (each measured point's seed candidate, by hash) whose seed is
-    one of the START_POINTS fastest (by search ratio), in ``seeds``' order; all of them
-    where none was timed (compile-only, a seed wrong everywhere). Points, not the seeds'
-    own parameters: where the schedule overrides a kernel parameter (a thread count),
-    several points share one seed, and the starts differ between them."""
+    one of the START_POINTS fastest (by search ratio), fastest first (points that share
+    a seed in ``seeds``' order); all of them, in that order, where none was timed
+    (compile-only, a seed wrong everywhere). Points, not the seeds' own parameters: where
+    the schedule overrides a kernel parameter (a thread count), several points share one
+    seed, and the starts differ between them."""
     timed = sorted((r for r in of_kind(records, "seed") if r.result.status is Status.OK and r.result.ratio is not None),
                    key=lambda r: r.result.rank_key())  # fmt: skip
-    leading = set(list(dict.fromkeys(r.candidate.hash for r in timed if r.candidate.hash in seeds.values()))[:START_POINTS])
-    return [p for p, seed in seeds.items() if seed in leading] or list(seeds)
+    leading = list(dict.fromkeys(r.candidate.hash for r in timed if r.candidate.hash in seeds.values()))[:START_POINTS]
+    return [p for seed in leading for p, s in seeds.items() if s == seed] or list(seeds)
 
 
 Listener = Callable[[str, "TrialRecord | None"], None]

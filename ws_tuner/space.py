@@ -320,13 +320,15 @@ class ScheduleSpace:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else Candidate.make(dict(self.representative(params)), shape.seed)
 
-    def lowering_candidates(self, params: ParamsKey) -> list[Candidate]:
+    def lowering_candidates(self, params: ParamsKey, *, moving: bool = True) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel
         parameters, in each of ``SeedShape.lowering_layouts`` and
-        ``SeedShape.lowering_packings``, each schedule once."""
+        ``SeedShape.lowering_packings``, each schedule once; with each of
+        ``SeedShape.lowering_moves``, or (``moving=False``) with nothing moved."""
         shape = self.shape(params)
         found: dict[str, Candidate] = {}
-        ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings(), shape.lowering_moves())
+        moves = () if isinstance(shape, str) else shape.lowering_moves() if moving else shape.lowering_moves()[:1]
+        ways = [] if isinstance(shape, str) else itertools.product(shape.lowering_layouts(), shape.lowering_packings(), moves)
         for layout, packing, (moved, asynchronous) in ways:
             cand = self.lowering_candidate(params, layout, packing, moved, asynchronous)
             if cand is not None:

@@ -186,18 +186,25 @@ class Task:
         return [Candidate.make({"vendor": n}, None, Lowering.REFERENCE) for n in names] or [Candidate.make({}, None, Lowering.REFERENCE)]
 
     def lowering_starts(self, points: Iterable[ParamsKey]) -> list[Candidate]:
-        """At each kernel-parameter point, the schedule shaped as tilelang's default warp
-        specialization (``ScheduleSpace.lowering_candidates``), where the space holds it,
-        and tilelang's default lowering of the kernel as ws-tune rewrites it, where that
-        differs from the kernel as written: measured after the seed's baselines, as warm
-        starts, so that a search seeded by role_based's guess starts no worse than those
-        lowerings."""
-        space, out = self.space(), []
+        """The schedule shaped as tilelang's default warp specialization
+        (``ScheduleSpace.lowering_candidates``), where the space holds it, and tilelang's
+        default lowering of the kernel as ws-tune rewrites it, where that differs from the
+        kernel as written: measured after the seed's baselines, as warm starts, so that a
+        search seeded by role_based's guess starts no worse than those lowerings.
+
+        ``points`` come fastest first (``pipeline.start_points``): the first that has a
+        start gets every layout, packing and move; the others every layout and packing
+        with nothing moved. The moves multiply the starts (linear attention: 16 structures,
+        64 starts a point) and pay where the seed runs best (H200 runs 33-35: the best start
+        was at the seed's fastest point or, where elsewhere, a structure without moves)."""
+        space, out, lead = self.space(), [], True
         for params in points:
-            out += space.lowering_candidates(params)
+            starts = space.lowering_candidates(params, moving=lead)
+            lead = lead and not starts
+            out += starts
             if not self.spec.needs_schedule(dict(params)) and self._rewritten(params):
                 out.append(Candidate.make(dict(params), None, Lowering.REWRITTEN))
-        return out
+        return list({c.hash: c for c in out}.values())  # points that share a seed may share a start
 
     def _rewritten(self, params: ParamsKey) -> bool:
         try:

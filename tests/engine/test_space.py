@@ -705,6 +705,11 @@ def test_a_producers_own_gather_issues_by_cp_async_or_through_registers(data_dir
         assert [c.schedule.async_copies for c in starts] == [(), ("gather_a",)] and {c.schedule.role("producer").max_nreg for c in starts} == {136}
         source = compiler.compile_kernel(*task.lowered(starts[1])).get_kernel_source()
         assert "cp_async" in source
+        # Past the fastest point (the first given), the starts move nothing: through registers only.
+        other = next(p for p in space.param_points() if dict(p)["block_N"] != dict(params)["block_N"] and space.lowering_candidates(p))
+        unmoved = space.lowering_candidates(other, moving=False)
+        assert [c.schedule.async_copies for c in unmoved] == [()] and len(space.lowering_candidates(other)) == 2
+        assert [c.hash for c in task.lowering_starts([params, other])] == [c.hash for c in starts + unmoved]
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):

@@ -302,7 +302,7 @@ def test_the_search_starts_from_tilelangs_default_structure_where_the_seed_ran_b
 def test_the_lowering_starts_go_where_the_seed_ran_best(task):
     """``start_points``: the points whose seed schedule is one of the three fastest by
     search ratio (WRONG and untimed results, tilelang's lowerings and the search's records
-    lead nothing), every point of a seed that several share, in the measured order; every
+    lead nothing), fastest first, every point of a seed that several share; every
     measured point when no seed was timed (compile-only)."""
     from ws_tuner.candidate import Candidate
     from ws_tuner.pipeline import START_POINTS, TrialRecord, start_points
@@ -321,9 +321,9 @@ def test_the_lowering_starts_go_where_the_seed_ran_best(task):
     records = [record("seed", i, r) for i, r in enumerate([1.3, 1.1, 1.2, 1.0, 1.4])]
     records += [record("seed", 6, 0.5, Status.WRONG), record("seed", 7, None), record("seed", 2, 1.15)]
     records += [record("default", 5, 0.7), record("role_based", 0, 0.8), record("seed", 4, 0.1, role=SEARCH)]
-    assert start_points(records, seeds) == points[2:8]  # seeds 1, 2 and 3, at both thread counts
+    assert start_points(records, seeds) == points[6:8] + points[2:6]  # seeds 3, 1 and 2, at both thread counts
     elsewhere = {p: s for p, s in seeds.items() if p[0][1] != 3}  # seed 3 measured, its points not among these
-    assert start_points(records, elsewhere) == points[:6]  # seeds 1, 2 and then 0
+    assert start_points(records, elsewhere) == points[2:6] + points[:2]  # seeds 1, 2 and then 0
     assert start_points(records[-3:], dict(list(seeds.items())[:3])) == points[:3]  # no seed timed: everywhere
 
 
