@@ -50,6 +50,8 @@ PROBLEMS = {
     "sink_attn.py": {"window": 128},
     # the masked index slots point past every query: more keys than queries
     "sparse_mla.py": {"seq": 512, "seq_kv": 1024, "topk": 512},
+    # topk blocks of 128 keys to pick from
+    "block_sparse_mqa.py": {"seq": 512, "seq_kv": 8192},
 }
 
 

@@ -347,7 +347,9 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
             op_id, body = found
             acc = _access(body, allocated, bound)
             loop = isinstance(body, tvm.tirx.While) or (isinstance(body, tvm.tirx.For) and body.kind == tvm.tirx.ForKind.SERIAL)
-            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop)
+            bounds = ([body.condition] if isinstance(body, tvm.tirx.While) else [body.min, body.extent]) if loop else []
+            steers = frozenset().union(*(_access(tvm.tirx.Evaluate(e), allocated, bound).reads for e in bounds))
+            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers)
 
     stmt_functor.post_order_visit(block.body, visit)
     # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's

@@ -82,7 +82,8 @@ class OpAccess:
     work that finishes later (an async MMA); ``retires_async``: it waits for
     such work of its role to finish. ``mmas``: the MMA calls in it (its role's
     warps must split their tiles). ``elements``: the iterations of an element-wise
-    loop nest, which its role's threads share out. ``loop``: a sequential loop."""
+    loop nest, which its role's threads share out. ``loop``: a sequential loop;
+    ``steers``: the variables its bounds (a while loop: its condition) read."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -91,6 +92,7 @@ class OpAccess:
     mmas: tuple[Mma, ...] = ()
     elements: int = 0  # an element-wise (T.Parallel) loop nest: its iterations, where constant; else 0
     loop: bool = False  # a sequential loop (its accesses are its body's)
+    steers: frozenset[str] = frozenset()  # a loop's: what its bounds or condition read, which every role that runs it must hold
 
     @property
     def touched(self) -> frozenset[str]:

@@ -312,8 +312,11 @@ class Seed:
                 return None
         path = self.path(scope)
         control = [e for s in path for e in self.body(s, role) if isinstance(e, str) and e not in self.scopes and e != op]
-        locals_written = [e for e in control if any(self.kinds.get(b) == "local" or b.startswith("$") for b in self.access(e).writes)]
-        if any(e not in replicated for e in locals_written):  # the new role could not follow the loop
+        # The new role runs the loops down to the op: what steers them must be computed in every
+        # role (a while loop's counter); the rest of the role's scalars (a varlen kernel's bounds,
+        # read at the top by its consumers' masks) stay where they are.
+        steering = frozenset().union(*(self.access(s).steers for s in path))
+        if any(e not in replicated and self.access(e).writes & steering for e in control):  # the new role could not follow the loop
             return None
         defined = {v for e in control if e in replicated for v in self.access(e).writes if v.startswith("$")}
         if any(v.startswith("$") and v not in defined for v in acc.reads):

@@ -1218,6 +1218,28 @@ def test_a_gather_that_binds_its_own_index_can_move(data_dir):
     verify(task, cand)
 
 
+def test_a_consumers_own_scalars_keep_no_load_from_moving(data_dir):
+    """The block-sparse MQA indexer's consumers bind each query's key range at the top
+    (``k_start = CuSeqLenKS[bx]``, read by the mask only): its per-key scale load moves to
+    the Load role all the same, and builds, by cp.async too. What the loops' bounds read
+    (``steers``: stream-K's while loop, its counters) still has to be in every role."""
+    task = task_of(data_dir / "block_sparse_mqa.py", "seq=512,seq_kv=8192")
+    params = (("block_N", 32), ("num_stages", 1), ("threads", 128))
+    space = task.space()
+    shape = space.shape(params)
+    access = shape.analysis.access
+    [move] = shape.analysis.movable
+    assert move.feeds and move.buffers == ("scale_shared",) and move.new_role == "Load"
+    assert {"$k_start", "$k_end"} <= set().union(*(access(op).writes for op in shape.analysis.body(ROOT_SCOPE, move.role) if isinstance(op, str)))
+    starts = space.lowering_candidates(params)
+    assert [c.schedule.async_copies for c in starts] == [(), (), (move.op,)]  # nothing moved, moved, moved by cp.async
+    for start in starts[1:]:
+        verify(task, start)
+    streamk = task_of(data_dir / "streamk_gemm.py", "M=2048,N=2048,K=2048").space()
+    loops = streamk.shape(next(p for p in streamk.param_points() if not isinstance(streamk.shape(p), str))).analysis.accesses
+    assert {"$last_iter", "start_iter"} <= loops["while_0"].steers and loops["loop_1"].steers == frozenset()
+
+
 def test_kernel_parameters_that_a_schedule_overrides_give_one_candidate(data_dir):
     """A loop's num_stages and the block's threads are what a schedule sets instead: KDA's
     output kernel builds the same warp-specialized kernel for a schedule at each of its 5

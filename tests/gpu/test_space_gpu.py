@@ -97,6 +97,9 @@ CASES = {
     "kda_chunk_o": (DATA / "kda_chunk_o.py", "B=1,S=2048,H=8", {}),
     # Stop 36: a 2:4-sparse GEMM (T.gemm_sp: A compressed, its metadata E a third tile of the pipeline).
     "gemm_sp": (DATA / "gemm_sp.py", "M=1024,N=1024,K=1024", {}),
+    # Stop 40: DeepSeek sparse attention's block-sparse MQA indexer (fp8; the pipeline inside a serial
+    # loop over the picked key blocks, two tiles a block, its logits written to global memory each trip).
+    "block_sparse_mqa": (DATA / "block_sparse_mqa.py", "seq=512,seq_kv=8192", {}),
 }
 
 
