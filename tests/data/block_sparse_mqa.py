@@ -91,9 +91,10 @@ def reference(problem, args):
     q, k, k_scale, blocks, weights, ks, ke, _ = args
     heads, kv_block = problem["heads"], problem["kv_block_size"]
     keys = (blocks[:, :, None] * kv_block + torch.arange(kv_block, device=q.device)).flatten(1)  # (seq, topk * kv_block)
+    q, k = q.float(), k.float() * k_scale[:, None]  # fp8 tensors index poorly: widened first
     out = []
     for m in range(q.shape[0] // heads):  # a query at a time: the gathered keys of all of them do not fit
-        scores = (k[keys[m]].float() * k_scale[keys[m], None]) @ q[m * heads : (m + 1) * heads].float().T
+        scores = k[keys[m]] @ q[m * heads : (m + 1) * heads].T
         logit = (scores.clamp(min=0) * weights[m]).sum(dim=1)
         out.append(logit.masked_fill((keys[m] < ks[m]) | (keys[m] >= ke[m]), float("-inf")))
     return [torch.stack(out)]
