@@ -100,6 +100,8 @@ CASES = {
     # Stop 40: DeepSeek sparse attention's block-sparse MQA indexer (fp8; the pipeline inside a serial
     # loop over the picked key blocks, two tiles a block, its logits written to global memory each trip).
     "block_sparse_mqa": (DATA / "block_sparse_mqa.py", "seq=512,seq_kv=8192", {}),
+    # DeepSeek's hyper-connections, post-mixing (memory-bound, no MMA; written back through shared memory).
+    "mhc_post": (DATA / "mhc_post.py", "tokens=1024", {}),
 }
 
 
