@@ -52,6 +52,8 @@ PROBLEMS = {
     "sparse_mla.py": {"seq": 512, "seq_kv": 1024, "topk": 512},
     # topk blocks of 128 keys to pick from
     "block_sparse_mqa.py": {"seq": 512, "seq_kv": 8192},
+    # index lists a short sequence can fill
+    "vs_sparse_attn.py": {"seq": 2048, "slash": 8, "vertical": 256},
 }
 
 

@@ -47,7 +47,9 @@ class Movable:
     on-chip buffer (a load from global memory: it moves to the Load role, or a
     role of its own where the seed has none). The buffers pass between the two
     roles through a new pipeline; the receiving role replays the loop-control
-    ops the seed already runs in several roles."""
+    ops the seed already runs in several roles, and ``follows``: the scalar binds
+    of its old role that it needs besides (an index, a trip count read from global
+    memory), run in both."""
 
     ops: tuple[str, ...]  # the first names the move; a body's loads move together, to one producer
     role: str  # the role that places it in the seed
@@ -56,6 +58,7 @@ class Movable:
     new_role: str  # a role of its own; for loads, the seed's Load role where it has one
     pipeline: str
     feeds: bool = False  # the new role produces the buffers (a load) rather than consuming them (a store)
+    follows: tuple[str, ...] = ()  # scalar binds of ``role`` on the way down to the op, run by the new role too
 
     @property
     def op(self) -> str:
@@ -283,7 +286,8 @@ class Seed:
         if len(loads) == 1:
             return loads[0]
         first, buffers = loads[0], tuple(b for m in loads for b in m.buffers)
-        return replace(first, ops=tuple(m.op for m in loads), buffers=buffers, pipeline=self._new_pipeline(buffers))
+        follows = tuple(dict.fromkeys(e for m in loads for e in m.follows))
+        return replace(first, ops=tuple(m.op for m in loads), buffers=buffers, pipeline=self._new_pipeline(buffers), follows=follows)
 
     def _new_pipeline(self, buffers: Sequence[str]) -> str:
         name = "_".join(buffers)
@@ -312,18 +316,35 @@ class Seed:
                 return None
         path = self.path(scope)
         control = [e for s in path for e in self.body(s, role) if isinstance(e, str) and e not in self.scopes and e != op]
-        # The new role runs the loops down to the op: what steers them must be computed in every
-        # role (a while loop's counter); the rest of the role's scalars (a varlen kernel's bounds,
-        # read at the top by its consumers' masks) stay where they are.
-        steering = frozenset().union(*(self.access(s).steers for s in path))
-        if any(e not in replicated and self.access(e).writes & steering for e in control):  # the new role could not follow the loop
+        # The new role runs the loops down to the op and the op: what steers those loops (bounds,
+        # a while loop's counter) and what the op reads must be bound there too.
+        follows = self._follows(control, acc.reads | frozenset().union(*(self.access(s).steers for s in path)), replicated)
+        if follows is None:  # the new role could not follow the loop
             return None
-        defined = {v for e in control if e in replicated for v in self.access(e).writes if v.startswith("$")}
+        defined = {v for e in control if e in replicated or e in follows for v in self.access(e).writes if v.startswith("$")}
         if any(v.startswith("$") and v not in defined for v in acc.reads):
             return None
         loader = self._loader()
         new_role = loader if feeds and loader else op if op not in self.role_names else f"{op}_role"
-        return Movable((op,), role, scope, tuple(shared), new_role, self._new_pipeline(shared), feeds)
+        return Movable((op,), role, scope, tuple(shared), new_role, self._new_pipeline(shared), feeds, follows)
+
+    def _follows(self, control: list[str], needed: frozenset[str], replicated: set[str]) -> tuple[str, ...] | None:
+        """The ops of ``control`` (a role's, on the way down to an op) that bind what ``needed``
+        reads, transitively, other than those every role runs: scalar binds of global values
+        (``column_count = ColumnCount[b, h, x]``), which a second role can run as well. None
+        where one of them writes more than scalars (a local variable, on-chip memory: the
+        role's own state), or reads it."""
+        out: list[str] = []
+        want = {v for v in needed if v.startswith("$") or self.kinds.get(v) == "local"}
+        for e in reversed(control):  # a bind comes before its uses: walking back closes over its inputs
+            acc = self.access(e)
+            if e in replicated or not acc.writes & want:
+                continue
+            if not all(v.startswith("$") for v in acc.touched):
+                return None
+            out.insert(0, e)
+            want |= acc.reads
+        return tuple(out)
 
     def _loader(self) -> str | None:
         """The seed's producer role that writes no fragments (its Load role), if it has

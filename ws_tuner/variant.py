@@ -253,7 +253,7 @@ class Variants:
             for e in self.seed.body(scope, m.role):
                 if e in m.ops:  # one span around the moved ops, in the seed's order
                     body += [Sync(opening, m.pipeline)] * (e == m.ops[0]) + [e] + [Sync(closing, m.pipeline)] * (e == m.ops[-1])
-                elif isinstance(e, str) and (e in self.seed.path(m.scope) or (e not in self.seed.scopes and len(self.seed.placements(e)) > 1)):
+                elif isinstance(e, str) and (e in self.seed.path(m.scope) or e in m.follows or (e not in self.seed.scopes and len(self.seed.placements(e)) > 1)):
                     body.append(e)
             out.append((m.new_role, tuple(body)))
         return tuple(out)

@@ -1240,6 +1240,32 @@ def test_a_consumers_own_scalars_keep_no_load_from_moving(data_dir):
     assert {"$last_iter", "start_iter"} <= loops["while_0"].steers and loops["loop_1"].steers == frozenset()
 
 
+def test_a_moved_gather_takes_the_scalar_binds_it_needs(data_dir):
+    """MInference's vertical-slash attention gathers its column keys by an index whose
+    position (``c0 = ci * BLOCK``) and whose loop's trip count (``column_count =
+    ColumnCount[...]``, at the top) only the consumer binds: the move takes both binds
+    to the Load role as well, which runs them before the loop and the gather; the
+    consumer keeps its own (its mask reads them)."""
+    task = task_of(data_dir / "vs_sparse_attn.py", "batch=1,heads=2,seq=1024,slash=4,vertical=128")
+    params = (("num_stages", 1), ("threads", 128))
+    space = task.space()
+    shape = space.shape(params)
+    [move] = shape.analysis.movable
+    assert move.feeds and move.new_role == "Load" and move.follows == ("column_count_0", "c0_0")
+    assert all(shape.analysis.placements(op) == {move.role} for op in move.follows)  # the seed's consumer's alone
+    def bodies(cand):
+        return {(s.id, r): [i for i in b if isinstance(i, str)] for s in cand.schedule.scopes for r, b in s.bodies}
+
+    # The lowering starts with the gather moved (through registers, by cp.async): candidates like any other.
+    starts = [c for c in space.lowering_candidates(params) if move.op in bodies(c).get((move.scope, "Load"), [])]
+    assert {c.schedule.async_copies for c in starts} == {(), move.ops}
+    cand = starts[0]
+    root, loop = bodies(cand)[(ROOT_SCOPE, "Load")], bodies(cand)[(move.scope, "Load")]
+    assert root.index("column_count_0") < root.index(move.scope) and loop[: 1 + len(move.ops)] == ["c0_0", *move.ops]
+    assert "column_count_0" in bodies(cand)[(ROOT_SCOPE, move.role)] and "c0_0" in bodies(cand)[(move.scope, move.role)]
+    verify(task, cand)
+
+
 def test_kernel_parameters_that_a_schedule_overrides_give_one_candidate(data_dir):
     """A loop's num_stages and the block's threads are what a schedule sets instead: KDA's
     output kernel builds the same warp-specialized kernel for a schedule at each of its 5

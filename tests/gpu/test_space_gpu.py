@@ -102,6 +102,9 @@ CASES = {
     "block_sparse_mqa": (DATA / "block_sparse_mqa.py", "seq=512,seq_kv=8192", {}),
     # DeepSeek's hyper-connections, post-mixing (memory-bound, no MMA; written back through shared memory).
     "mhc_post": (DATA / "mhc_post.py", "tokens=1024", {}),
+    # MInference's vertical-slash attention (two pipelined loops with trip counts read per block: TMA at
+    # indexed offsets, then columns gathered by index, which move to the Load role with their binds).
+    "vs_sparse_attn": (DATA / "vs_sparse_attn.py", "batch=1,heads=4,seq=2048,slash=8,vertical=256", {}),
 }
 
 
