@@ -38,6 +38,22 @@ def kernel(problem, *, num_stages, threads):
     shape = (batch, heads, seq, dim)
     dtype, accum = "float16", "float32"
 
+    @T.macro
+    def online_softmax(acc_s, acc_s_cast, acc_o, m, m_prev, alpha, row_sum, logsum):
+        """Fold one tile of scores into the running max, sum and output (as the example's Compute)."""
+        T.copy(m, m_prev)
+        T.reduce_max(acc_s, m, dim=1, clear=False)
+        for i in T.Parallel(BLOCK):
+            alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
+        for i, j in T.Parallel(BLOCK, BLOCK):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale - m[i] * scale)
+        T.reduce_sum(acc_s, row_sum, dim=1)
+        for i in T.Parallel(BLOCK):
+            logsum[i] = logsum[i] * alpha[i] + row_sum[i]
+        for i, j in T.Parallel(BLOCK, dim):
+            acc_o[i, j] *= alpha[i]
+        T.copy(acc_s, acc_s_cast)
+
     @T.prim_func
     def vs_sparse_attn(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                        BlockCount: T.Tensor((batch, heads, blocks), "int32"), BlockOffset: T.Tensor((batch, heads, blocks, slash), "int32"),
@@ -72,18 +88,7 @@ def kernel(problem, *, num_stages, threads):
                 for i, j in T.Parallel(BLOCK, BLOCK):
                     acc_s[i, j] = T.if_then_else(bx * BLOCK + i >= k + j, 0, -T.infinity(accum))
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(m, m_prev)
-                T.reduce_max(acc_s, m, dim=1, clear=False)
-                for i in T.Parallel(BLOCK):
-                    alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
-                for i, j in T.Parallel(BLOCK, BLOCK):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - m[i] * scale)
-                T.reduce_sum(acc_s, row_sum, dim=1)
-                for i in T.Parallel(BLOCK):
-                    logsum[i] = logsum[i] * alpha[i] + row_sum[i]
-                for i, j in T.Parallel(BLOCK, dim):
-                    acc_o[i, j] *= alpha[i]
-                T.copy(acc_s, acc_s_cast)
+                online_softmax(acc_s, acc_s_cast, acc_o, m, m_prev, alpha, row_sum, logsum)
                 T.copy(V[bz, by, k : k + BLOCK, :], V_shared)
                 T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for ci in T.Pipelined(T.ceildiv(column_count, BLOCK), num_stages=num_stages):
@@ -93,18 +98,7 @@ def kernel(problem, *, num_stages, threads):
                 for i, j in T.Parallel(BLOCK, BLOCK):
                     acc_s[i, j] = T.if_then_else(c0 + j < column_count, 0, -T.infinity(accum))
                 T.gemm(Q_shared, K_col_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(m, m_prev)
-                T.reduce_max(acc_s, m, dim=1, clear=False)
-                for i in T.Parallel(BLOCK):
-                    alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
-                for i, j in T.Parallel(BLOCK, BLOCK):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - m[i] * scale)
-                T.reduce_sum(acc_s, row_sum, dim=1)
-                for i in T.Parallel(BLOCK):
-                    logsum[i] = logsum[i] * alpha[i] + row_sum[i]
-                for i, j in T.Parallel(BLOCK, dim):
-                    acc_o[i, j] *= alpha[i]
-                T.copy(acc_s, acc_s_cast)
+                online_softmax(acc_s, acc_s_cast, acc_o, m, m_prev, alpha, row_sum, logsum)
                 for i, j in T.Parallel(BLOCK, dim):
                     V_col_shared[i, j] = T.if_then_else(c0 + i < column_count, V[bz, by, ColumnIndex[bz, by, bx, c0 + i], j], 0)
                 T.gemm(acc_s_cast, V_col_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
