@@ -54,6 +54,7 @@ PROBLEMS = {
     "block_sparse_mqa.py": {"seq": 512, "seq_kv": 8192},
     # index lists a short sequence can fill
     "vs_sparse_attn.py": {"seq": 2048, "slash": 8, "vertical": 256},
+    "varlen_attn.py": {"batch": 4, "heads": 4, "max_seqlen": 1024, "causal": 1},
 }
 
 

@@ -105,6 +105,8 @@ CASES = {
     # MInference's vertical-slash attention (two pipelined loops with trip counts read per block: TMA at
     # indexed offsets, then columns gathered by index, which move to the Load role with their binds).
     "vs_sparse_attn": (DATA / "vs_sparse_attn.py", "batch=1,heads=4,seq=2048,slash=8,vertical=256", {}),
+    # FlashAttention over packed sequences of different lengths (bounds from cu_seqlens; rows stored one by one).
+    "varlen_attn-causal": (DATA / "varlen_attn.py", "batch=4,heads=4,max_seqlen=1024,causal=1", {}),
 }
 
 
