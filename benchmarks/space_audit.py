@@ -55,6 +55,7 @@ PROBLEMS = {
     # index lists a short sequence can fill
     "vs_sparse_attn.py": {"seq": 2048, "slash": 8, "vertical": 256},
     "varlen_attn.py": {"batch": 4, "heads": 4, "max_seqlen": 1024, "causal": 1},
+    "mla_paged.py": {"batch": 16, "seqlen": 2048},
 }
 
 

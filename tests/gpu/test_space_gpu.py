@@ -107,6 +107,8 @@ CASES = {
     "vs_sparse_attn": (DATA / "vs_sparse_attn.py", "batch=1,heads=4,seq=2048,slash=8,vertical=256", {}),
     # FlashAttention over packed sequences of different lengths (bounds from cu_seqlens; rows stored one by one).
     "varlen_attn-causal": (DATA / "varlen_attn.py", "batch=4,heads=4,max_seqlen=1024,causal=1", {}),
+    # MLA decoding over a paged KV cache (each tile's page read from a block table in the loop; backwards).
+    "mla_paged": (DATA / "mla_paged.py", "batch=16,seqlen=2048", {}),
 }
 
 
