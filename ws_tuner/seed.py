@@ -332,8 +332,8 @@ class Seed:
         """The ops of ``control`` (a role's, on the way down to an op) that bind what ``needed``
         reads, transitively, other than those every role runs: scalar binds of global values
         (``column_count = ColumnCount[b, h, x]``), which a second role can run as well. None
-        where one of them writes more than scalars (a local variable, on-chip memory: the
-        role's own state), or reads it."""
+        where one of them touches more than scalars (a local variable, on-chip memory: the
+        role's own state)."""
         out: list[str] = []
         want = {v for v in needed if v.startswith("$") or self.kinds.get(v) == "local"}
         for e in reversed(control):  # a bind comes before its uses: walking back closes over its inputs

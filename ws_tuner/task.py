@@ -194,8 +194,8 @@ class Task:
 
         ``points`` come fastest first (``pipeline.start_points``): the first that has a
         start gets every layout, packing and move; the others every layout and packing
-        with nothing moved. The moves multiply the starts (linear attention: 16 structures,
-        64 starts a point) and pay where the seed runs best (H200 runs 33-35: the best start
+        with nothing moved. The moves multiply the starts (chunked linear attention: 4
+        structures, 12 starts a point) and pay where the seed runs best (H200 runs 33-35: the best start
         was at the seed's fastest point or, where elsewhere, a structure without moves)."""
         space, out, lead = self.space(), [], True
         for params in points:
