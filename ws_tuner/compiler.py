@@ -666,6 +666,38 @@ def _join_regions(cond: Any, a: Any, b: Any) -> Any | None:
     return tvm.tirx.Call(a.dtype, a.op, [tvm.tirx.BufferLoad(start_a.buffer, indices), *a.args[1:]], a.span)
 
 
+# role_based keeps a statement that writes a local variable (``T.alloc_var``) in one role
+# when it reads global memory (``k_lo = min(k_lo, KS[q0 + q])``): no other role can compute
+# the variable, and a loop whose bounds read it has no Load role (DeepSeek-V3.2's lightning
+# indexer reduces its key range so). Read into a scalar first (``ks = KS[q0 + q]``), as a
+# user would write it, the global read is a bind every role can run, and the store reads
+# private values only. Not under an ``if``: a bind in a branch is not visible outside it,
+# and MaterializeWSSchedule rejects every schedule that places its users apart (a grouped
+# GEMM's scan for its group).
+def _bind_global_reads(func: Any) -> Any:
+    guarded: set[Any] = set()
+
+    def under_if(node: Any) -> None:
+        if isinstance(node, tvm.tirx.IfThenElse):
+            for case in (node.then_case, node.else_case):
+                if case is not None:
+                    stmt_functor.post_order_visit(case, lambda n: guarded.add(n) if isinstance(n, tvm.tirx.BufferStore) else None)
+
+    stmt_functor.post_order_visit(func.body, under_if)
+
+    def bind(stmt: Any) -> Any:
+        if stmt.buffer.scope() != "local.var" or stmt in guarded:
+            return None
+        reads = [load for load in _loads(stmt.value) if load.buffer.scope() == "global"]
+        if not reads:
+            return None
+        binds = {load: tvm.tirx.Var(f"{load.buffer.name}_value", load.dtype) for load in reads}
+        value = stmt_functor.ir_transform(tvm.tirx.Evaluate(stmt.value), None, lambda n: binds.get(n), ["tirx.BufferLoad"]).value
+        return tvm.tirx.SeqStmt([*(tvm.tirx.Bind(v, load) for load, v in binds.items()), tvm.tirx.BufferStore(stmt.buffer, value, stmt.indices)])
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, bind, ["tirx.BufferStore"]))
+
+
 def _loads(expr: Any) -> list[Any]:
     found: list[Any] = []
     stmt_functor.post_order_visit(expr, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
@@ -858,8 +890,8 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
 # dead loops out, register copies of inputs read in place, register MMA operands loaded
 # through shared memory, reused buffers split, a choice of two tiles as one copy, else
-# branches as guards, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _stand_in_atomics)
+# branches as guards, global reads into local variables bound first, atomics as stand-ins.
+_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _bind_global_reads, _stand_in_atomics)
 
 
 # Those of them that change how the kernel moves data serve tilelang's default lowering as

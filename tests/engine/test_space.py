@@ -1170,6 +1170,29 @@ def test_a_choice_of_two_tiles_of_an_input_is_one_copy(data_dir, tmp_path):
         compiler.prepare(task_of(path, shape).primfunc(params))
 
 
+def test_a_local_variable_reduced_from_an_input_is_computed_in_every_role(data_dir):
+    """DeepSeek-V3.2's lightning indexer reduces its key range into two ``T.alloc_var``
+    scalars (``k_lo = min(k_lo, KS[q0 + q])``), and the key loop's start and trip count read
+    them. role_based keeps a store that reads global memory in one role, so the Load role
+    could not run the loop and there was no seed. ws-tune binds the read first (``v =
+    KS[q0 + q]``, as a user would): the seed's Load role reduces the range too, and the seed
+    and the space's candidates verify."""
+    task = task_of(data_dir / "lightning_indexer.py", "seq=1024")
+    params = {"block_N": 64, "block_Q": 2, "num_stages": 2, "threads": 128}
+    func = task.primfunc(params)
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    assert "'loop_2' needs op 'k_hi_1' in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "CuSeqLenKS_value: T.int32 = CuSeqLenKS[q0 + q]" in text and "k_lo[0] = T.min(k_lo[0], T.min(CuSeqLenKS_value, 1024))" in text
+    reductions = [scope for scope in seed.scopes if any("CuSeqLenK" in str(x) for _, body in scope.bodies for x in body)]
+    assert len(reductions) == 2 and all({r for r, body in scope.bodies if body} == {"Worker", "Load"} for scope in reductions)
+    assert any(Sync("PRODUCER_ACQUIRE", "index_k_shared") in scope.body("Load") for scope in seed.scopes)
+    verify_seed_and_candidates(task, prepared, seed)
+
+
 def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir, tmp_path):
     """Block-sparse attention copies its row of the block mask into a fragment once and
     guards each key block's loads by it; role_based refuses (a producer warp cannot read

@@ -109,6 +109,9 @@ CASES = {
     "varlen_attn-causal": (DATA / "varlen_attn.py", "batch=4,heads=4,max_seqlen=1024,causal=1", {}),
     # MLA decoding over a paged KV cache (each tile's page read from a block table in the loop; backwards).
     "mla_paged": (DATA / "mla_paged.py", "batch=16,seqlen=2048", {}),
+    # Local variables reduced from inputs before the loop (bound first, so that every role computes them):
+    # DeepSeek-V3.2's lightning indexer (its key range).
+    "lightning_indexer": (DATA / "lightning_indexer.py", "seq=1024", {}),
 }
 
 
