@@ -56,6 +56,7 @@ PROBLEMS = {
     "vs_sparse_attn.py": {"seq": 2048, "slash": 8, "vertical": 256},
     "varlen_attn.py": {"batch": 4, "heads": 4, "max_seqlen": 1024, "causal": 1},
     "mla_paged.py": {"batch": 16, "seqlen": 2048},
+    "wy_fast.py": {"B": 1, "S": 4096, "H": 4},
 }
 
 

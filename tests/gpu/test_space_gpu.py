@@ -112,6 +112,9 @@ CASES = {
     # Local variables reduced from inputs before the loop (bound first, so that every role computes them):
     # DeepSeek-V3.2's lightning indexer (its key range).
     "lightning_indexer": (DATA / "lightning_indexer.py", "seq=1024", {}),
+    # Gated DeltaNet's WY recomputation (two pipelined loops, each scaling its tile in shared memory for its
+    # MMA and storing its product through shared memory every trip: a Load and a Store role in each).
+    "wy_fast": (DATA / "wy_fast.py", "B=1,S=4096,H=4", {}),
 }
 
 
