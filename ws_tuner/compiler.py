@@ -666,6 +666,29 @@ def _join_regions(cond: Any, a: Any, b: Any) -> Any | None:
     return tvm.tirx.Call(a.dtype, a.op, [tvm.tirx.BufferLoad(start_a.buffer, indices), *a.args[1:]], a.span)
 
 
+# A scan that picks values under a condition (a grouped GEMM finds its group: ``if bx * bm >=
+# padded: group = g; first = starts[g] + ...``) writes local variables under a guard, which
+# role_based keeps in one role, and a bind there would not be visible outside the branch. Each
+# such store is a bind of ``if_then_else(cond, value, old value)`` (which evaluates only the
+# branch taken, so a guarded read stays guarded) and a store of it, in the same order; the
+# condition must not read what the stores write.
+def _unguard_local_stores(func: Any) -> Any:
+    def unguard(stmt: Any) -> Any:
+        stores = list(stmt.then_case.seq) if isinstance(stmt.then_case, tvm.tirx.SeqStmt) else [stmt.then_case]
+        if stmt.else_case is not None or not all(isinstance(s, tvm.tirx.BufferStore) and s.buffer.scope() == "local.var" for s in stores):
+            return None
+        if {s.buffer.data for s in stores} & {load.buffer.data for load in _loads(stmt.condition)}:
+            return None
+        out = []
+        for store in stores:
+            value = tvm.tirx.Var(f"{store.buffer.name}_value", store.value.dtype)
+            old = tvm.tirx.BufferLoad(store.buffer, store.indices)
+            out += [tvm.tirx.Bind(value, tvm.tirx.if_then_else(stmt.condition, store.value, old)), tvm.tirx.BufferStore(store.buffer, value, store.indices)]
+        return tvm.tirx.SeqStmt(out)
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, unguard, ["tirx.IfThenElse"]))
+
+
 # role_based keeps a statement that writes a local variable (``T.alloc_var``) in one role
 # when it reads global memory (``k_lo = min(k_lo, KS[q0 + q])``): no other role can compute
 # the variable, and a loop whose bounds read it has no Load role (DeepSeek-V3.2's lightning
@@ -890,8 +913,9 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 # What role_based is shown of a plain kernel, in this order (each keeps what it computes):
 # dead loops out, register copies of inputs read in place, register MMA operands loaded
 # through shared memory, reused buffers split, a choice of two tiles as one copy, else
-# branches as guards, global reads into local variables bound first, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _bind_global_reads, _stand_in_atomics)
+# branches as guards, local variables picked under a guard as selects, global reads into
+# local variables bound first, atomics as stand-ins.
+_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _unguard_local_stores, _bind_global_reads, _stand_in_atomics)
 
 
 # Those of them that change how the kernel moves data serve tilelang's default lowering as

@@ -1193,6 +1193,29 @@ def test_a_local_variable_reduced_from_an_input_is_computed_in_every_role(data_d
     verify_seed_and_candidates(task, prepared, seed)
 
 
+def test_local_variables_picked_under_a_guard_are_computed_in_every_role(data_dir):
+    """A grouped GEMM finds its group by a scan: ``if bx * block_M >= padded: group = g;
+    first = group_starts[g] + ...``, and its loads read ``group`` and ``first``. role_based
+    keeps guarded stores in one role (no seed), and a bind inside the branch is not visible
+    outside it (the verifier rejected every candidate). Each store becomes a bind of
+    ``if_then_else(cond, value, old)`` (only the branch taken is read) and a store: the
+    seed's Load role runs the scan too, and the seed and the space's candidates verify."""
+    task = task_of(data_dir / "grouped_gemm.py", "G=4,M=512,N=1024,K=1024,skew=1")
+    params = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2}
+    func = task.primfunc(params)
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    assert "in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "first_value: T.int32 = T.if_then_else(bx * 128 >= padded[0], group_starts[g] + bx * 128 - padded[0], first[0])" in text
+    assert "if bx * 128 >= padded[0]" not in text
+    scan = next(scope for scope in seed.scopes if any(str(x).startswith("first_") for _, body in scope.bodies for x in body))
+    assert {r for r, body in scan.bodies if body} == {"Worker", "Load"}
+    verify_seed_and_candidates(task, prepared, seed)
+
+
 def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir, tmp_path):
     """Block-sparse attention copies its row of the block mask into a fragment once and
     guards each key block's loads by it; role_based refuses (a producer warp cannot read

@@ -109,9 +109,10 @@ CASES = {
     "varlen_attn-causal": (DATA / "varlen_attn.py", "batch=4,heads=4,max_seqlen=1024,causal=1", {}),
     # MLA decoding over a paged KV cache (each tile's page read from a block table in the loop; backwards).
     "mla_paged": (DATA / "mla_paged.py", "batch=16,seqlen=2048", {}),
-    # Local variables reduced from inputs before the loop (bound first, so that every role computes them):
-    # DeepSeek-V3.2's lightning indexer (its key range).
+    # Local variables computed from inputs before the loop, now in every role: DeepSeek-V3.2's lightning
+    # indexer (its key range, reduced), a grouped GEMM (its group, picked by a scan under a guard).
     "lightning_indexer": (DATA / "lightning_indexer.py", "seq=1024", {}),
+    "grouped_gemm-skew": (DATA / "grouped_gemm.py", "G=4,M=512,N=1024,K=1024,skew=1", {}),
     # Gated DeltaNet's WY recomputation (two pipelined loops, each scaling its tile in shared memory for its
     # MMA and storing its product through shared memory every trip: a Load and a Store role in each).
     "wy_fast": (DATA / "wy_fast.py", "B=1,S=4096,H=4", {}),
