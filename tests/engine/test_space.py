@@ -43,6 +43,13 @@ def task_of(path: Path | str, shape: str, config: SpaceConfig | None = None) -> 
     return Task.make(spec, spec.parse_problem(shape), space_config=config)
 
 
+def role_based_skips(func) -> list[str]:
+    """Why tilelang's role_based scheduler alone skips ``func`` (none where it seeds it)."""
+    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
+        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    return skipped
+
+
 def verify(task: Task, cand: Candidate) -> None:
     func, _ = task.lowered(cand)
     compiler.verify(func)
@@ -1033,8 +1040,7 @@ def test_a_kernel_with_atomics_is_seeded_with_its_atomics_in_place(data_dir, tmp
     task = task_of(path, "M=1024,N=1024,K=1024")
     params = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 3, "split_k": 2}
     func = task.primfunc(params)
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    skipped = role_based_skips(func)
     assert any(reason.startswith("cannot schedule atomic op") for reason in skipped)  # the premise: role_based alone skips it
 
     prepared, seed = compiler.prepare(func)
@@ -1054,8 +1060,7 @@ def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     condition reads, the if-else stays as written and role_based says why it skips."""
     task = task_of(data_dir / "streamk_gemm.py", "M=2048,N=2048,K=2048")
     func = task.primfunc({"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "threads": 256})
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(compiler._stand_in_atomics(func)))
+    skipped = role_based_skips(compiler._stand_in_atomics(func))
     assert skipped == ["if-else branches are not supported"]  # the premise, its atomics aside
 
     prepared, seed = compiler.prepare(func)
@@ -1152,9 +1157,7 @@ def test_a_choice_of_two_tiles_of_an_input_is_one_copy(data_dir, tmp_path):
     shape, params = "batch=1,heads=2,seq=1024,dim=64", {"block_size": 64, "num_stages": 2, "threads": 128}
     task = task_of(data_dir / "block_causal_attn.py", shape)
     func = task.primfunc(params)
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        shown = compiler._split_else(func)
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(shown))
+    skipped = role_based_skips(compiler._split_else(func))
     assert len(skipped) == 1 and "'K_shared' is written under a guard" in skipped[0]  # the premise
 
     prepared, seed = compiler.prepare(func)
@@ -1180,8 +1183,7 @@ def test_a_local_variable_reduced_from_an_input_is_computed_in_every_role(data_d
     task = task_of(data_dir / "lightning_indexer.py", "seq=1024")
     params = {"block_N": 64, "block_Q": 2, "num_stages": 2, "threads": 128}
     func = task.primfunc(params)
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    skipped = role_based_skips(func)
     assert "'loop_2' needs op 'k_hi_1' in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
 
     prepared, seed = compiler.prepare(func)
@@ -1203,8 +1205,7 @@ def test_local_variables_picked_under_a_guard_are_computed_in_every_role(data_di
     task = task_of(data_dir / "grouped_gemm.py", "G=4,M=512,N=1024,K=1024,skew=1")
     params = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2}
     func = task.primfunc(params)
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    skipped = role_based_skips(func)
     assert "in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
 
     prepared, seed = compiler.prepare(func)
@@ -1226,8 +1227,7 @@ def test_a_register_copy_of_an_input_that_steers_loads_is_read_in_place(data_dir
     task = task_of(data_dir / "blocksparse_attn.py", "batch=1,heads=2,seq=1024")
     params = {"num_stages": 1, "threads": 128}
     func = task.primfunc(params)
-    with compiler.role_based_skips() as skipped, compiler.tvm.transform.PassContext(config=compiler.ROLE_BASED_CONFIG):
-        compiler.tilelang.cuda.transform.AutoWarpSpecialization()(compiler._prologue(func))
+    skipped = role_based_skips(func)
     assert len(skipped) == 1 and "in role Load, but that op is fixed to role Worker" in skipped[0]  # the premise
 
     prepared, seed = compiler.prepare(func)
