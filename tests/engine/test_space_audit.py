@@ -61,15 +61,16 @@ def test_sampled_candidates_are_pruned_with_a_reason_or_verified(path):
 
 
 @pytest.mark.slow
-def test_sampled_candidates_build_with_nvcc(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_sampled_candidates_build_with_nvcc(path, tmp_path, monkeypatch):
     """One verified non-seed candidate of each kernel file, lowered and compiled for
     sm_90a: the static rules (the MMA split among them: plain kernels have no
-    check()) leave nothing that nvcc or tilelang's lowering refuses."""
+    check()) leave nothing that nvcc or tilelang's lowering refuses. A test per file,
+    so that the test workers share the compiles out."""
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl-cache"))  # compiles are real
-    for path in FILES:
-        row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2, points=4)
-        print(f"{path.name}: built {row.built}, failed {row.compile_failed}")
-        assert row.built == 1 and row.compile_failed == [], (path.name, row.compile_failed)
+    row = audit_script.audit(audit_script.task_for(path), samples=0, survivors=6, compile_n=1, jobs=2, seed=2, points=4)
+    print(f"{path.name}: built {row.built}, failed {row.compile_failed}")
+    assert row.built == 1 and row.compile_failed == [], (path.name, row.compile_failed)
 
 
 def _record(role: str, status: Status, n: int, cached: bool = False) -> list[TrialRecord]:
