@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 from ..builder import Builder
 from ..candidate import Candidate, sha256_hex
-from ..pipeline import TaskRef, TrialRecord, start_points
+from ..pipeline import TaskRef, TrialRecord
 from ..runner import EvaluatorConfig, Runner
 from ..store import Store, StoreError
 from ..store.queue import JobRecord
@@ -48,8 +48,8 @@ class JobEngine:
     space: Any
     baselines: Callable[[], list[Candidate]] = field(default=lambda: [])
     anchors: Callable[[], list[Candidate]] = field(default=lambda: [])
-    # Schedules measured after the seed schedule's baselines, as warm starts (Task.lowering_starts),
-    # at the seed's fastest points in the records given (pipeline.start_points).
+    # Schedules measured after the seed schedule's baselines, as warm starts, planned from the
+    # records given (tune.lowering_starts_after).
     starts: Callable[[Sequence[TrialRecord]], list[Candidate]] = field(default=lambda records: [])
     # The best schedules of the nearest stored problem: (store, key, workload id) -> candidates.
     warm: Callable[[Store, WorkloadKey, int], list[Candidate]] = field(default=lambda store, key, workload_id: [])
@@ -85,7 +85,7 @@ class Stages:
 
     def engine(self, job: JobRecord, kernel_path: Path) -> JobEngine:
         from ..task import Task
-        from ..tune import nearest_best
+        from ..tune import lowering_starts_after, nearest_best
 
         # Uploaded source is code: it runs in spawned processes only (here, and in
         # the builder's and runner's pools), never in this one, which holds the
@@ -98,7 +98,7 @@ class Stages:
             task.spec.name, str(task.spec.path), task.spec.source_hash, task.problem, space,
             lambda: task.baselines_at(task.measured_points(timed=timed), timed=timed),
             anchors=lambda: task.anchors(space.served_points()),
-            starts=lambda records: task.lowering_starts(start_points(records, task.seed_points(task.measured_points(timed=timed)))),
+            starts=lambda records: lowering_starts_after(task, records, timed=timed),
             warm=lambda store, key, workload_id: nearest_best(store, key, workload_id, task),
             evaluator=EvaluatorConfig(timeout=self.options.run_timeout),
         )  # fmt: skip

@@ -33,7 +33,7 @@ from .store import Store, StoredTrial
 from .task import Task
 from .workload import COMPILE_ONLY_DEVICE, Environment, WorkloadKey
 
-__all__ = ["BASELINE", "SEARCH", "WARM", "TrialRecord", "TuneOptions", "TuneReport", "Tuner", "compile_only_environment", "nearest_best"]
+__all__ = ["BASELINE", "SEARCH", "WARM", "TrialRecord", "TuneOptions", "TuneReport", "Tuner", "compile_only_environment", "lowering_starts_after", "nearest_best"]
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,15 @@ class Tuner:
         they start the search), at the seed schedule's fastest points, just measured."""
         if not self.options.baselines:
             return []
-        points = start_points(self.report.records, self.task.seed_points(self.task.measured_points(timed=self.runner is not None)))
-        return [(c, WARM) for c in self.task.lowering_starts(points) if c.hash not in first]
+        return [(c, WARM) for c in lowering_starts_after(self.task, self.report.records, timed=self.runner is not None) if c.hash not in first]
 
+
+
+def lowering_starts_after(task: Task, records: Iterable[TrialRecord], *, timed: bool) -> list[Candidate]:
+    """The lowering starts (Task.lowering_starts) once the seed schedule's baselines are in
+    ``records``: at its fastest measured points (pipeline.start_points), for the CLI's
+    tuner and the service's workers alike."""
+    return task.lowering_starts(start_points(records, task.seed_points(task.measured_points(timed=timed))))
 
 
 def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k: int = 3) -> list[Candidate]:
