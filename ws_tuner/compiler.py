@@ -491,7 +491,9 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
             shown = func
             for rewrite in _FOR_ROLE_BASED:
                 shown = rewrite(shown)
-            mod = tilelang.transform.InjectAssumes()(_prologue(shown))
+            # tilelang's own order: a legacy (v1) reducer, which role_based cannot parse,
+            # becomes reducer_init / reducer_update / finalize_reducer_v2 first
+            mod = tilelang.transform.CanonicalizeLegacyReducer()(tilelang.transform.InjectAssumes()(_prologue(shown)))
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ws_tuner import compiler
-from ws_tuner.candidate import Candidate
+from ws_tuner.candidate import Candidate, Lowering
 from ws_tuner.kernel import KernelFileError, load_kernel
 from ws_tuner.rules import FULL_COL, FULL_ROW, MmaTile, SharedUse, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, spill_reason, wgmma_partition
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
@@ -1050,6 +1050,32 @@ def test_a_kernel_with_atomics_is_seeded_with_its_atomics_in_place(data_dir, tmp
     worker = next(role for role in seed.roles for scope in seed.scopes if atomic in scope.body(role.name))
     assert worker.warp_hi - worker.warp_lo >= 4  # a warpgroup's role: the MMA's, which holds acc
     verify_seed_and_candidates(task, prepared, seed)
+
+
+def test_a_legacy_reducer_is_seeded_as_tilelang_lowers_it(data_dir):
+    """gemv accumulates into a legacy reducer (``T.alloc_reducer(..., replication="all")``,
+    finalized in place), which role_based alone cannot parse. tilelang's pipeline makes it
+    reducer v2 before any warp specialization, so ws-tune does so before role_based: the
+    finalize goes with the loop's consumer, and its all-reduce synchronizes that role's
+    threads, not the block's."""
+    task = task_of(data_dir / "gemv.py", "M=8192,N=8192")
+    func = task.primfunc({"block_M": 64, "block_N": 128, "num_stages": 2, "threads": 128})
+    with pytest.raises(Exception, match="Index 1 out of bounds 1"):
+        role_based_skips(func)  # the premise: role_based on the kernel as written
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "T.finalize_reducer_v2(" in text and "T.reducer_init(" in text
+    accesses = compiler.op_accesses(prepared)
+    finalize = next(op for op in accesses if "finalize_reducer" in op)
+    (role,) = [r for r in seed.roles for scope in seed.scopes if finalize in scope.body(r.name)]
+    assert any(str(op).startswith("parallel") for scope in seed.scopes for op in scope.body(role.name))  # with the accumulation
+    verify_seed_and_candidates(task, prepared, seed)
+
+    lowered, configs = compiler.lower_for(func, Lowering.WS, seed)
+    source = compiler.compile_kernel(lowered, configs).get_kernel_source()
+    threads = 32 * (role.warp_hi - role.warp_lo)
+    assert re.search(rf"AllReduce<tl::SumOp, \d+, \d+, \d+, tl::NamedBarrier<{threads}>>", source), source
 
 
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):

@@ -116,6 +116,9 @@ CASES = {
     # Gated DeltaNet's WY recomputation (two pipelined loops, each scaling its tile in shared memory for its
     # MMA and storing its product through shared memory every trip: a Load and a Store role in each).
     "wy_fast": (DATA / "wy_fast.py", "B=1,S=4096,H=4", {}),
+    # Stop 41: a legacy (v1) reducer, canonicalized to reducer v2 before role_based (which could not
+    # parse it): gemv's row sums, all-reduced over the Worker role's threads alone.
+    "gemv": (DATA / "gemv.py", "M=8192,N=8192", {}),
 }
 
 
