@@ -486,6 +486,8 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     seed = own_schedule(func)
     if seed is not None:
         return func, seed
+    if _hand_specialized(func):
+        raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
             shown = func
@@ -503,6 +505,14 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     return prepared, seed
+
+
+# ``with T.ws(...)`` blocks: a kernel that specializes its own warps and synchronizes them by
+# its own barriers. role_based finds nothing in it to schedule, and its roles are no schedule's.
+def _hand_specialized(func: Any) -> bool:
+    found: list[Any] = []
+    stmt_functor.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "warp_specialize" else None)
+    return bool(found)
 
 
 # MaterializeWSSchedule moves a span by stages only in a loop from 0 ("stage offsets require

@@ -85,6 +85,9 @@ def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
     # role_based says why it skips, as a C++ warning
     ("gdn_state.py", "B=1,S=256,H=2", "block_DV=32,num_stages=1,threads=128",
      "seed: kernel has no WS schedule and tilelang's role_based scheduler skipped the kernel: storage 'b_h_shared'"),
+    # warps specialized by hand (T.ws) and synchronized by the kernel's own barriers: no schedule to vary
+    ("hand_ws_gemm.py", "M=2048,N=2048,K=2048", "block_M=128,block_N=128,block_K=64",
+     "seed: the kernel is warp-specialized by hand (T.ws blocks and its own barriers)"),
 ])  # fmt: skip
 def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, kernel, shape, params, reason):
     """role_based does not specialize the kernel, so there is no space; tilelang's own
