@@ -339,6 +339,7 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
                 guards.setdefault(op_id, set()).update(reads)
 
     stmt_functor.post_order_visit(block.body, guard)
+    by_thread = _thread_dependent(func)
     out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
@@ -349,13 +350,39 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
             loop = isinstance(body, tvm.tirx.While) or (isinstance(body, tvm.tirx.For) and body.kind == tvm.tirx.ForKind.SERIAL)
             bounds = ([body.condition] if isinstance(body, tvm.tirx.While) else [body.min, body.extent]) if loop else []
             steers = frozenset().union(*(_access(tvm.tirx.Evaluate(e), allocated, bound).reads for e in bounds))
-            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers)
+            thread_index = bool(_referenced_vars(body) & by_thread) or op_id in by_thread_guard
+            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers, thread_index=thread_index)
+
+    by_thread_guard: set[str] = set()
+
+    def thread_guard(node: Any) -> None:
+        if isinstance(node, tvm.tirx.IfThenElse) and _referenced_vars(tvm.tirx.Evaluate(node.condition)) & by_thread:
+            by_thread_guard.update(_op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set()))
+
+    stmt_functor.post_order_visit(block.body, thread_guard)
 
     stmt_functor.post_order_visit(block.body, visit)
     # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's
     # loop) is no dependence: without it, the gather can move to a producer role.
     read = {v for acc in out.values() for v in acc.reads}
     return {op_id: replace(acc, writes=frozenset(v for v in acc.writes if not v.startswith("$") or v in read)) for op_id, acc in out.items()}
+
+
+def _thread_dependent(func: Any) -> set[Any]:
+    """The thread index variables (threadIdx.x/y/z), and the scalars bound from them."""
+    found: set[Any] = set()
+
+    def launch(node: Any) -> None:
+        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "thread_extent" and str(node.node.thread_tag).startswith("threadIdx"):
+            found.add(node.node.var)
+
+    def bind(node: Any) -> None:  # in program order: a scalar bound from one bound before
+        if isinstance(node, tvm.tirx.Bind) and _referenced_vars(tvm.tirx.Evaluate(node.value)) & found:
+            found.add(node.var)
+
+    stmt_functor.post_order_visit(func.body, launch)
+    stmt_functor.post_order_visit(func.body, bind)
+    return found
 
 
 def _op_of(node: Any) -> tuple[str, Any] | None:
@@ -488,6 +515,21 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         return func, seed
     if _hand_specialized(func):
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
+    prepared, skipped = _role_based(func)
+    seed = own_schedule(prepared)
+    if seed is None and not (staged := _stage_register_loads(func)).same_as(func):
+        with contextlib.suppress(NoSeed):
+            prepared, _ = _role_based(staged)
+            seed = own_schedule(prepared)
+    if seed is None:
+        why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
+        raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
+    return prepared, seed
+
+
+def _role_based(func: Any) -> tuple[Any, list[str]]:
+    """``func`` as tilelang's role_based scheduler leaves it, shown it through
+    ``_FOR_ROLE_BASED``, and the reasons it gives where it skips it."""
     try:
         with role_based_skips() as skipped, tvm.transform.PassContext(config=ROLE_BASED_CONFIG):
             shown = func
@@ -499,12 +541,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
             mod = tilelang.cuda.transform.AutoWarpSpecialization()(mod)
     except Exception as exc:  # noqa: BLE001 - TVM raises many kinds
         raise NoSeed(f"tilelang's role_based scheduler failed: {one_line(exc)}") from exc
-    prepared = _restore_atomics(mod["main"])
-    seed = own_schedule(prepared)
-    if seed is None:
-        why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
-        raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
-    return prepared, seed
+    return _restore_atomics(mod["main"]), skipped
 
 
 # ``with T.ws(...)`` blocks: a kernel that specializes its own warps and synchronizes them by
@@ -833,6 +870,48 @@ def _stage_operands(func: Any) -> Any:
     return func if body.same_as(block.body) else _with_block(func, block, body=body, alloc_buffers=allocs)
 
 
+# A kernel whose loops copy their inputs straight into registers hands nothing on chip from
+# one warp to another, and role_based finds nothing to pipeline ("no cross-role on-chip
+# handoff"): tilelang's online softmax, whose two passes read each block of x into a
+# fragment. Where role_based so gives no seed, each such whole copy in a sequential loop goes
+# through a shared tile of its own (in the input's type; the copy into registers converts):
+# a producer loads that tile ahead, and the consumers copy it into their fragment. Only then,
+# so that no kernel role_based seeds as written is seeded otherwise.
+def _stage_register_loads(func: Any) -> Any:
+    block = _annotated_block(func)
+    if block is None:
+        return func
+    read_only = _read_only_inputs(func)
+    staged: list[Any] = []
+
+    def stage(stmt: Any) -> Any:
+        copy = _input_copy(stmt, read_only)
+        if copy is None or not copy[1].args[0].buffer.scope().startswith("local"):
+            return None
+        src, dst = copy
+        into = dst.args[0].buffer
+        tile = tvm.tirx.decl_buffer(into.shape, src.args[0].buffer.dtype, f"{into.name}_shared{f'_{len(staged)}' if staged else ''}", scope="shared.dyn")
+        staged.append(tile)
+        call = stmt.value
+        whole = [tvm.tirx.IntImm("int32", 0)] * len(into.shape)
+
+        def region(mode: int) -> Any:
+            return tvm.tirx.Call("handle", tvm.ir.Op.get("tl.region"), [tvm.tirx.BufferLoad(tile, whole), mode, *dst.args[2:]])
+
+        load = tvm.tirx.Call(call.dtype, call.op, [src, region(2), *call.args[2:]], annotations=call.annotations)
+        convert = tvm.tirx.Call(call.dtype, call.op, [region(1), dst, *call.args[2:]], annotations=call.annotations)
+        return tvm.tirx.SeqStmt([tvm.tirx.Evaluate(load), tvm.tirx.Evaluate(convert)])
+
+    def in_loop(loop: Any) -> Any:
+        if loop.kind != tvm.tirx.ForKind.SERIAL:
+            return None
+        body = stmt_functor.ir_transform(loop.body, None, stage, ["tirx.Evaluate"])
+        return None if body.same_as(loop.body) else tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations, loop.step)
+
+    body = stmt_functor.ir_transform(block.body, None, in_loop, ["tirx.For"])
+    return func if not staged else _with_block(func, block, body=body, alloc_buffers=[*block.alloc_buffers, *staged])
+
+
 def _read_only_inputs(func: Any) -> set[Any]:
     """The data variables of the kernel's buffer parameters that it never writes."""
     params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
@@ -955,7 +1034,19 @@ def rewrites(func: Any) -> tuple[Any, list[str]]:
         if not tvm.ir.structural_equal(new, func):
             changes.append(what)
         func = new
+    staged = _stage_register_loads(func)
+    if not staged.same_as(func) and _unseeded(func):  # as prepare stages them
+        changes.append("a loop's copy of an input into registers goes through a shared tile (the kernel hands nothing on chip otherwise)")
+        func = staged
     return func, changes
+
+
+def _unseeded(func: Any) -> bool:
+    """Whether role_based gives a plain kernel no schedule, without failing."""
+    try:
+        return own_schedule(_role_based(func)[0]) is None
+    except NoSeed:
+        return False
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"

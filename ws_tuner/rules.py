@@ -211,6 +211,22 @@ def loop_reason(schedule: Schedule, elements: dict[str, frozenset[int]]) -> str 
     return None
 
 
+def thread_index_reason(schedule: Schedule, indexed: frozenset[str], seed: Schedule) -> str | None:
+    """Whether each role that reads the thread index in the kernel's own code
+    (``T.get_thread_binding``: a decode loop that picks its elements by thread) keeps
+    the seed's warps. MaterializeWSSchedule places tilelang's tile ops on their role's
+    threads, but leaves such a read the block's threadIdx: on other warps, or more of
+    them, the code reads and writes outside its tiles (bitnet's 2-bit decode from warp
+    8 read past its shared tile and never decoded the tile's start)."""
+    warps = {r.name: (r.warp_lo, r.warp_hi) for r in seed.roles}
+    for role in schedule.roles:
+        if role.name in indexed and warps.get(role.name) != (role.warp_lo, role.warp_hi):
+            where = f"the seed's warps {warps[role.name][0]}-{warps[role.name][1]}" if role.name in warps else "the seed's role"
+            return (f"tid: role {role.name} reads the thread index in the kernel's own code, which the schedule does not renumber: "
+                    f"it runs on warps {role.warp_lo}-{role.warp_hi}, not {where}")  # fmt: skip
+    return None
+
+
 @dataclass(frozen=True)
 class SharedUse:
     """The shared buffers one role reads and writes; ``loops``: those it touches in a

@@ -83,7 +83,9 @@ class OpAccess:
     such work of its role to finish. ``mmas``: the MMA calls in it (its role's
     warps must split their tiles). ``elements``: the iterations of an element-wise
     loop nest, which its role's threads share out. ``loop``: a sequential loop;
-    ``steers``: the variables its bounds (a while loop: its condition) read."""
+    ``steers``: the variables its bounds (a while loop: its condition) read.
+    ``thread_index``: it reads the thread index (``T.get_thread_binding``), directly, by a
+    scalar bound from it, or by its guard."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -93,6 +95,7 @@ class OpAccess:
     elements: int = 0  # an element-wise (T.Parallel) loop nest: its iterations, where constant; else 0
     loop: bool = False  # a sequential loop (its accesses are its body's)
     steers: frozenset[str] = frozenset()  # a loop's: what its bounds or condition read, which every role that runs it must hold
+    thread_index: bool = False  # MaterializeWSSchedule leaves it the block's, not renumbered for the role
 
     @property
     def touched(self) -> frozenset[str]:

@@ -136,6 +136,13 @@ class Seed:
                     out.setdefault(moves.get(op, role), set()).add(self.access(op).elements)
         return {role: frozenset(n) for role, n in out.items()}
 
+    @functools.cache  # noqa: B019 - as loop_elements
+    def thread_indexed(self, moved: tuple[str, ...] = ()) -> frozenset[str]:
+        """The roles that run an op of the kernel's own that reads the thread index, with
+        the ``moved`` ops in their new roles."""
+        moves = {op: m.new_role for m in self.movable if m.op in moved for op in m.ops}
+        return frozenset(moves.get(op, role) for role in self.role_names for op in self._ops_of(role) if self.access(op).thread_index)
+
     @functools.cached_property
     def loads(self) -> tuple[str, ...]:
         """The element-wise loops of the seed's light roles that load shared buffers from

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .rules import MAX_THREADS, SharedUse, gather_reason, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason
+from .rules import MAX_THREADS, SharedUse, gather_reason, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason, thread_index_reason
 from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -529,5 +529,6 @@ class ScheduleSpace:
             schedule = Schedule(num_warps, roles, ())
             analysis = shape.analysis
             self._register_reasons[key] = (register_reason(schedule) or spill_reason(schedule, analysis.accumulator_words, analysis.mma_tiles)
-                                           or gather_reason(schedule, shape.gatherers(plan)) or loop_reason(schedule, analysis.loop_elements(plan.moved)))  # fmt: skip
+                                           or gather_reason(schedule, shape.gatherers(plan)) or loop_reason(schedule, analysis.loop_elements(plan.moved))
+                                           or thread_index_reason(schedule, analysis.thread_indexed(plan.moved), shape.seed))  # fmt: skip
         return self._register_reasons[key]

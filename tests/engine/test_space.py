@@ -1078,6 +1078,56 @@ def test_a_legacy_reducer_is_seeded_as_tilelang_lowers_it(data_dir):
     assert re.search(rf"AllReduce<tl::SumOp, \d+, \d+, \d+, tl::NamedBarrier<{threads}>>", source), source
 
 
+def test_a_kernel_that_loads_only_into_registers_goes_through_shared_tiles(data_dir):
+    """tilelang's online softmax copies each block of x from global memory straight into a
+    fragment, in both passes: role_based finds nothing on chip to hand from a producer to
+    the consumers. ws-tune then gives each such copy a shared tile of its own, which a Load
+    role fills ahead of the Worker; tilelang's default lowering of that kernel is measured
+    too (the ``rewritten`` start). A kernel role_based seeds as written keeps its copies into
+    registers (gemv's x)."""
+    task = task_of(data_dir / "online_softmax.py", "M=8192,N=8192")
+    func = task.primfunc({"block_M": 2, "block_N": 4096})
+    assert role_based_skips(func) == ["no cross-role on-chip handoff to pipeline"]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    assert sorted(p.buffers for p in seed.pipelines) == [("x_shared",), ("x_shared_1",)]
+    shared = {b.name: b.bytes for b in compiler.shared_buffers(prepared)}
+    assert shared == {"x_shared": 2 * 4096 * 2, "x_shared_1": 2 * 4096 * 2}  # fp16, as the input
+    loaders = {r for scope in seed.scopes for r, body in scope.bodies if any(getattr(i, "kind", None) == "PRODUCER_COMMIT" for i in body)}
+    assert loaders and all(r.warp_hi - r.warp_lo < 4 for r in seed.roles if r.name in loaders)  # a light producer role
+    verify_seed_and_candidates(task, prepared, seed)
+    assert any("goes through a shared tile" in change for change in compiler.rewrites(compiler.strip(func))[1])
+
+    gemv = task_of(data_dir / "gemv.py", "M=8192,N=8192").primfunc({"block_M": 64, "block_N": 128, "num_stages": 2, "threads": 128})
+    assert not compiler._stage_register_loads(gemv).same_as(gemv)  # it has such a copy (x) ...
+    assert "x_frag_shared" not in compiler.prepare(gemv)[0].script()  # ... which stays as written
+    assert compiler.rewrites(compiler.strip(gemv))[1] == []
+
+
+def test_a_role_that_reads_the_thread_index_keeps_the_seeds_warps(data_dir):
+    """BitNet's prefill GEMM decodes its 2-bit weights in a loop that picks each thread's
+    elements by ``T.get_thread_binding``, which MaterializeWSSchedule leaves the block's
+    threadIdx. A candidate whose decoding role runs on other warps, or more of them, reads
+    outside its tiles; the ``tid`` rule keeps that role on the seed's warps, and the other
+    roles free."""
+    task = task_of(data_dir / "bitnet_gemm.py", "M=1024,N=1024,K=1024")
+    params = {"block_M": 64, "block_N": 64, "block_K": 64}
+    prepared, seed = compiler.prepare(task.primfunc(params))
+    indexed = {op for op, access in compiler.op_accesses(prepared).items() if access.thread_index}
+    assert indexed and all(op.startswith(("vectorize", "loop")) for op in indexed)  # the decode's loops, no tile op
+    worker = next(r for r in seed.roles if any(op in indexed for scope in seed.scopes for op in scope.body(r.name)))
+
+    space, rng = task.space(), random.Random(0)
+    drawn = [space.candidate(point) for point in (space.random_point(rng) for _ in range(40)) if point]
+    assert len({c.hash for c in drawn}) > 10
+    for cand in drawn:
+        role = next(r for r in cand.schedule.roles if r.name == worker.name)
+        assert (role.warp_lo, role.warp_hi) == (worker.warp_lo, worker.warp_hi)
+    assert {(r.warp_lo, r.warp_hi) for c in drawn for r in c.schedule.roles if r.name != worker.name} != {(r.warp_lo, r.warp_hi) for r in seed.roles if r.name != worker.name}
+    count = space.count(sample=4)
+    assert count.pruned.get("tid", 0) > 0 and count.kept > 0
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the

@@ -119,6 +119,11 @@ CASES = {
     # Stop 41: a legacy (v1) reducer, canonicalized to reducer v2 before role_based (which could not
     # parse it): gemv's row sums, all-reduced over the Worker role's threads alone.
     "gemv": (DATA / "gemv.py", "M=8192,N=8192", {}),
+    # BitNet's prefill GEMM: 2-bit weights decoded shared-to-shared by the threads' own index (its role
+    # kept on the seed's warps: the tid rule); tilelang's online softmax, its register loads staged
+    # through shared tiles (role_based found nothing on chip to hand over).
+    "bitnet_gemm": (DATA / "bitnet_gemm.py", "M=2048,N=2048,K=2048", {}),
+    "online_softmax": (DATA / "online_softmax.py", "M=4096,N=8192", {}),
 }
 
 
