@@ -330,16 +330,22 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
     # An op inside an ``if`` runs under its condition: the schedule places the guard with
     # the op, so the op reads what the condition reads (a scalar that an op of the loop
     # binds, ``i_s = BlockIndices[...]``, must then sit at the op's stage).
+    # So does one under a condition on the thread index (MaterializeWSSchedule leaves it the
+    # block's: see rules.thread_index_reason).
     guards: dict[str, set[str]] = {}
+    by_thread = _thread_dependent(func)
+    by_thread_guard: set[str] = set()
 
     def guard(node: Any) -> None:
         if isinstance(node, tvm.tirx.IfThenElse):
             reads = _access(tvm.tirx.Evaluate(node.condition), allocated, bound).reads
-            for op_id in _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set()):
+            ops = _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set())
+            for op_id in ops:
                 guards.setdefault(op_id, set()).update(reads)
+            if _referenced_vars(tvm.tirx.Evaluate(node.condition)) & by_thread:
+                by_thread_guard.update(ops)
 
     stmt_functor.post_order_visit(block.body, guard)
-    by_thread = _thread_dependent(func)
     out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
@@ -352,14 +358,6 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
             steers = frozenset().union(*(_access(tvm.tirx.Evaluate(e), allocated, bound).reads for e in bounds))
             thread_index = bool(_referenced_vars(body) & by_thread) or op_id in by_thread_guard
             out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers, thread_index=thread_index)
-
-    by_thread_guard: set[str] = set()
-
-    def thread_guard(node: Any) -> None:
-        if isinstance(node, tvm.tirx.IfThenElse) and _referenced_vars(tvm.tirx.Evaluate(node.condition)) & by_thread:
-            by_thread_guard.update(_op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set()))
-
-    stmt_functor.post_order_visit(block.body, thread_guard)
 
     stmt_functor.post_order_visit(block.body, visit)
     # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's
