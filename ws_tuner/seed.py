@@ -240,7 +240,7 @@ class Seed:
         self.guarded = {key: p for key, p in self.guarded.items() if key in self.channels}
         self.where = where
         if not self.channels:
-            self.limits.append("pipeline layout, depths and stages: no pipeline synchronizes a loop")
+            self.limits.append("pipeline layout, depths and stages: no pipeline of the seed synchronizes a loop")
 
     def _group_channels(self, where: dict[str, Channel], frozen: dict[str, str]) -> dict[Channel, tuple[Pipeline, ...]]:
         channels: dict[Channel, list[Pipeline]] = {}
