@@ -124,6 +124,8 @@ CASES = {
     # through shared tiles (role_based found nothing on chip to hand over).
     "bitnet_gemm": (DATA / "bitnet_gemm.py", "M=2048,N=2048,K=2048", {}),
     "online_softmax": (DATA / "online_softmax.py", "M=4096,N=8192", {}),
+    # Hopper's bf16 x fp4 GEMM: each thread decodes its own packed bytes by inline PTX (the tid rule again).
+    "fp4_gemm": (DATA / "fp4_gemm.py", "M=2048,N=2048,K=2048", {}),
 }
 
 
