@@ -333,19 +333,15 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
     # So does one under a condition on the thread index (MaterializeWSSchedule leaves it the
     # block's: see rules.thread_index_reason).
     guards: dict[str, set[str]] = {}
-    by_thread = _thread_dependent(func)
-    by_thread_guard: set[str] = set()
 
     def guard(node: Any) -> None:
         if isinstance(node, tvm.tirx.IfThenElse):
             reads = _access(tvm.tirx.Evaluate(node.condition), allocated, bound).reads
-            ops = _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set())
-            for op_id in ops:
+            for op_id in _guarded_ops(node):
                 guards.setdefault(op_id, set()).update(reads)
-            if _referenced_vars(tvm.tirx.Evaluate(node.condition)) & by_thread:
-                by_thread_guard.update(ops)
 
     stmt_functor.post_order_visit(block.body, guard)
+    by_thread, by_thread_guard = _thread_dependent(func), _thread_guarded(func)
     out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
@@ -364,6 +360,24 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
     # loop) is no dependence: without it, the gather can move to a producer role.
     read = {v for acc in out.values() for v in acc.reads}
     return {op_id: replace(acc, writes=frozenset(v for v in acc.writes if not v.startswith("$") or v in read)) for op_id, acc in out.items()}
+
+
+def _guarded_ops(node: Any) -> set[str]:
+    """The op ids under an ``if``, in either branch."""
+    return _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set())
+
+
+def _thread_guarded(func: Any) -> set[str]:
+    """The op ids (loops included) under a condition on the thread index."""
+    by_thread = _thread_dependent(func)
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.IfThenElse) and _referenced_vars(tvm.tirx.Evaluate(node.condition)) & by_thread:
+            found.update(_guarded_ops(node))
+
+    stmt_functor.post_order_visit(func.body, visit)
+    return found
 
 
 def _thread_dependent(func: Any) -> set[Any]:
@@ -510,7 +524,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     func = _zero_based(func)
     seed = own_schedule(func)
     if seed is not None:
-        return func, seed
+        return func, _safe(func, seed)
     if _hand_specialized(func):
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
     prepared, skipped = _role_based(func)
@@ -522,7 +536,21 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
-    return prepared, seed
+    return prepared, _safe(prepared, seed)
+
+
+# A role's pipeline barriers count all of its threads, and MaterializeWSSchedule puts its
+# waits and arrives in the loop that the pipeline synchronizes. Where that loop runs under
+# a condition on the thread index (DeepSeek's mHC pre-mixing: warp 0 runs the Sinkhorn
+# iterations, the others the pipelined loop, an if-else that role_based is shown as two
+# guarded ifs), the threads the condition leaves out never arrive, and the kernel hangs;
+# the verifier does not see it. No schedule varies such a seed soundly.
+def _safe(func: Any, seed: Schedule) -> Schedule:
+    guarded = sorted(_thread_guarded(func) & {s.id for s in seed.scopes})
+    if guarded:
+        raise NoSeed(f"the seed's pipelined loop {guarded[0]!r} runs under a condition on the thread index: "
+                     "its pipeline barriers would wait for threads that the condition leaves out")  # fmt: skip
+    return seed
 
 
 def _role_based(func: Any) -> tuple[Any, list[str]]:

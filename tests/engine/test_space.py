@@ -1128,6 +1128,27 @@ def test_a_role_that_reads_the_thread_index_keeps_the_seeds_warps(data_dir):
     assert count.pruned.get("tid", 0) > 0 and count.kept > 0
 
 
+def test_a_seed_whose_pipelined_loop_runs_under_a_thread_condition_is_refused(data_dir, tmp_path):
+    """DeepSeek's mHC pre-mixing gives warp 0 the Sinkhorn iterations and the other warps a
+    pipelined loop, by an if-else on the thread index. At 128 threads, with its tile in the
+    input's type, role_based seeds it (shown the if-else as two guarded ifs): the Worker's
+    pipeline barrier counts 128 arrivals where 96 threads run the loop, and the kernel would
+    hang, though the verifier accepts it. ws-tune refuses that seed, and says why."""
+    source = (data_dir / "mhc_pre.py").read_text()
+    for old, new in (('"threads": [96, 160]', '"threads": [128]'), ('xs = T.alloc_shared((hc, hidden_block), "float32")', 'xs = T.alloc_shared((hc, hidden_block), "bfloat16")')):
+        assert old in source
+        source = source.replace(old, new)
+    path = tmp_path / "mhc_pre_128.py"
+    path.write_text(source)
+    func = task_of(path, "tokens=1024").primfunc({"hidden_block": 256, "num_stages": 1, "threads": 128})
+    seeded = compiler.own_schedule(compiler._role_based(func)[0])
+    assert seeded is not None  # the premise: role_based's seed
+    guarded = compiler._thread_guarded(compiler._role_based(func)[0]) & {s.id for s in seeded.scopes}
+    assert guarded  # its pipelined loop, under the thread condition
+    with pytest.raises(compiler.NoSeed, match=f"pipelined loop '{sorted(guarded)[0]}' runs under a condition on the thread index"):
+        compiler.prepare(func)
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the
