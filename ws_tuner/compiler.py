@@ -529,10 +529,8 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
     prepared, skipped = _role_based(func)
     seed = own_schedule(prepared)
-    if seed is None and not (staged := _stage_register_loads(func)).same_as(func):
-        with contextlib.suppress(NoSeed):
-            prepared, _ = _role_based(staged)
-            seed = own_schedule(prepared)
+    if seed is None and (otherwise := _seed_otherwise(func)) is not None:
+        prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
@@ -938,6 +936,136 @@ def _stage_register_loads(func: Any) -> Any:
     return func if not staged else _with_block(func, block, body=body, alloc_buffers=[*block.alloc_buffers, *staged])
 
 
+# A recurrent kernel carries its state in registers across a loop and hands it to the next
+# trip's MMA through a shared tile that the trip writes last (Gated DeltaNet's chunk
+# recurrence: each trip first stores the tile to global memory as that chunk's state, then
+# reads it in W @ S). role_based gives the store to a Store role, beside the Worker that
+# writes the tile and reads it, and refuses a tile three roles share. Where, at that store,
+# the tile holds the fragment's values (written from it at the end of the last trip, or
+# before the loop, and neither written since), the store is taken from the fragment: the
+# Worker runs it, and the tile has two owners. Exact only where the fragment holds the
+# tile's values exactly (the same type, or fp32 of a 16-bit float tile) and the store's
+# destination is of the tile's type.
+def _forward_state_stores(func: Any) -> Any:
+    def forward(seq: Any) -> Any:
+        stmts, changed = list(seq.seq), False
+        for k, loop in enumerate(stmts):
+            if not (isinstance(loop, tvm.tirx.For) and loop.kind == tvm.tirx.ForKind.SERIAL and isinstance(loop.body, tvm.tirx.SeqStmt)):
+                continue
+            body = list(loop.body.seq)
+            for j, last in enumerate(body):
+                pair = _whole_copy(last)
+                if pair is None or not _holds_exactly(*pair) or any(_writes(x, b) for x in body[j + 1 :] for b in pair):
+                    continue
+                frag, tile = pair
+                if not _equal_before(stmts[:k], frag, tile):
+                    continue
+                for i, stmt in enumerate(body[:j]):
+                    if _writes(stmt, frag) or _writes(stmt, tile):
+                        break
+                    body[i] = _stored_from(stmt, tile, frag) or stmt
+            if any(not a.same_as(b) for a, b in zip(body, loop.body.seq)):
+                stmts[k] = tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tvm.tirx.SeqStmt(body), loop.thread_binding, loop.annotations, loop.step)
+                changed = True
+        return tvm.tirx.SeqStmt(stmts) if changed else None
+
+    return func.with_body(stmt_functor.ir_transform(func.body, None, forward, ["tirx.SeqStmt"]))
+
+
+def _whole_copy(stmt: Any) -> tuple[Any, Any] | None:
+    """(fragment, shared tile) where ``stmt`` copies all of a fragment into all of a shared
+    buffer of its shape."""
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2])):
+        return None
+    src, dst = (r.args[0].buffer for r in call.args[:2])
+    whole_src = _writes_whole(tvm.tirx.Call("handle", call.args[0].op, [call.args[0].args[0], 2, *call.args[0].args[2:]]), src)
+    if src.scope() == "local.fragment" and dst.scope().startswith("shared") and whole_src and _writes_whole(call.args[1], dst):
+        return src, dst
+    return None
+
+
+def _holds_exactly(frag: Any, tile: Any) -> bool:
+    return frag.dtype == tile.dtype or (str(frag.dtype) == "float32" and str(tile.dtype) in ("float16", "bfloat16"))
+
+
+def _writes(stmt: Any, buf: Any) -> bool:
+    """Whether ``stmt`` may write ``buf``: a store, a tile op's region with write access, or
+    its data handed to a call as a pointer."""
+    found: list[bool] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.BufferStore) and node.buffer.data.same_as(buf.data):
+            found.append(True)
+        elif _is_region(node) and node.args[0].buffer.data.same_as(buf.data):
+            found.append(bool(int(node.args[1]) & 2))
+        elif isinstance(node, tvm.tirx.Var) and node.same_as(buf.data):
+            found.append(True)
+
+    stmt_functor.post_order_visit(stmt, visit)
+    return any(found)
+
+
+def _equal_before(stmts: list[Any], frag: Any, tile: Any) -> bool:
+    """Whether, after ``stmts``, the tile holds the fragment's values: the last of them to
+    write either is a whole copy between the two."""
+    for stmt in reversed(stmts):
+        if _writes(stmt, frag) or _writes(stmt, tile):
+            call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+            if _whole_copy(stmt) == (frag, tile):
+                return True
+            if isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and all(_is_region(a) for a in call.args[:2]):
+                src, dst = (r.args[0].buffer for r in call.args[:2])
+                return src.same_as(tile) and dst.same_as(frag) and _writes_whole(call.args[1], frag)
+            return False
+    return False
+
+
+def _stored_from(stmt: Any, tile: Any, frag: Any) -> Any | None:
+    """``stmt``, a copy of all of ``tile`` to global memory of its type, copying ``frag`` instead."""
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2])):
+        return None
+    src, dst = call.args[0], call.args[1]
+    if not (src.args[0].buffer.same_as(tile) and dst.args[0].buffer.scope() == "global" and dst.args[0].buffer.dtype == tile.dtype):
+        return None
+    if not _writes_whole(tvm.tirx.Call("handle", src.op, [src.args[0], 2, *src.args[2:]]), tile):
+        return None
+    whole = tvm.tirx.Call("handle", src.op, [tvm.tirx.BufferLoad(frag, list(src.args[0].indices)), 1, *src.args[2:]])
+    return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, call.op, [whole, *call.args[1:]], annotations=call.annotations))
+
+
+# What role_based is shown of a plain kernel that it gives no seed as written: each alone,
+# in this order, and only then, so that no kernel it seeds as written is seeded otherwise.
+_WHERE_UNSEEDED = (
+    (_stage_register_loads, "a loop's copy of an input into registers goes through a shared tile (the kernel hands nothing on chip otherwise)"),
+    (_forward_state_stores, "a loop's store of a state's shared tile is taken from the fragment the tile was written from (three roles shared the tile otherwise)"),
+)
+
+
+@dataclass(frozen=True)
+class _Otherwise:
+    func: Any  # the kernel rewritten
+    prepared: Any  # as role_based leaves it, with its schedule
+    what: str
+
+
+def _seed_otherwise(func: Any) -> _Otherwise | None:
+    """The first rewrite of ``_WHERE_UNSEEDED`` that changes ``func`` and that role_based
+    then seeds."""
+    for rewrite, what in _WHERE_UNSEEDED:
+        new = rewrite(func)
+        if new.same_as(func):
+            continue
+        try:
+            prepared, _ = _role_based(new)
+        except NoSeed:
+            continue
+        if own_schedule(prepared) is not None:
+            return _Otherwise(new, prepared, what)
+    return None
+
+
 def _read_only_inputs(func: Any) -> set[Any]:
     """The data variables of the kernel's buffer parameters that it never writes."""
     params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
@@ -1060,10 +1188,11 @@ def rewrites(func: Any) -> tuple[Any, list[str]]:
         if not tvm.ir.structural_equal(new, func):
             changes.append(what)
         func = new
-    staged = _stage_register_loads(func)
-    if not staged.same_as(func) and _unseeded(func):  # as prepare stages them
-        changes.append("a loop's copy of an input into registers goes through a shared tile (the kernel hands nothing on chip otherwise)")
-        func = staged
+    if any(not rewrite(func).same_as(func) for rewrite, _ in _WHERE_UNSEEDED) and _unseeded(func):  # as prepare rewrites it
+        otherwise = _seed_otherwise(func)
+        if otherwise is not None:
+            func = otherwise.func
+            changes.append(otherwise.what)
     return func, changes
 
 

@@ -5,9 +5,11 @@ stores the state (h), computes V_new = U - W S, decays V_new and S by the chunk'
 and adds K^T V_new to S. The state is carried across the loop in an fp32 fragment and
 handed to the next chunk's MMA through a shared buffer written at the loop's end; the
 gate is a scalar variable; G's tile is filled element by element from global memory.
-role_based gives it no seed (the state's shared buffer is touched by three roles), so a
-tuning measures tilelang's own lowerings: on the H200 (run 27) they are right only at
-num_stages=0, as the example runs it (at 1 and 2 stages every one is WRONG, NaN at 2).
+role_based gives it no seed as written (the state's shared buffer is touched by three
+roles: the h store's, the MMA's and the writer's); ws-tune takes the h store from the
+fragment, which the tile holds then (stop 41), and the Worker runs it. tilelang's own
+lowerings are right only at num_stages=0 on the H200 (run 27), as the example runs it (at
+1 and 2 stages every one is WRONG, NaN at 2).
 
     ws-tune tests/data/gdn_state.py --shape B=8,S=4096,H=16 --budget 16
 """

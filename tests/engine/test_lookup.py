@@ -11,14 +11,14 @@ SPLITK = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3, "split
 
 @pytest.mark.slow
 def test_compile_best_of_a_kernel_without_a_seed_is_tilelangs_default_lowering(tmp_path, data_dir):
-    """Gated DeltaNet's chunk recurrence has no seed (role_based refuses its state's shared
-    buffer, touched by three roles): with nothing stored, compile_best gives tilelang's
+    """DeepSeek's mHC pre-mixing has no seed (its 96 threads split by hand by thread index;
+    role_based asks for whole warpgroups): with nothing stored, compile_best gives tilelang's
     default lowering at the parameters, not an error."""
-    params = {"block_DV": 32, "num_stages": 1, "threads": 128}
-    kernel = lookup.compile_best(data_dir / "gdn_state.py", "B=1,S=256,H=2", params=params, db=f"sqlite:///{tmp_path / 'r.db'}")
+    params = {"hidden_block": 256, "num_stages": 1, "threads": 96}
+    kernel = lookup.compile_best(data_dir / "mhc_pre.py", "tokens=1024", params=params, db=f"sqlite:///{tmp_path / 'r.db'}")
     source = kernel.get_kernel_source()
     # the default lowering: the kernel as tilelang lowers it, without a schedule's register budgets
-    assert "gdn_state_kernel(" in source and "warpgroup_reg_alloc" not in source
+    assert "mhc_pre_kernel(" in source and "warpgroup_reg_alloc" not in source
 
 
 @pytest.mark.slow

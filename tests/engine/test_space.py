@@ -1149,6 +1149,38 @@ def test_a_seed_whose_pipelined_loop_runs_under_a_thread_condition_is_refused(da
         compiler.prepare(func)
 
 
+def test_a_states_store_is_taken_from_the_fragment_the_tile_holds(data_dir, tmp_path):
+    """Gated DeltaNet's chunk recurrence stores its state's shared tile to global memory at
+    the top of each trip, reads it in W @ S, and writes it from the fragment at the trip's
+    end: three roles on one tile, which role_based refuses. At that store the tile holds the
+    fragment's values (fp16 of the fp32 state, written last trip or before the loop), so the
+    store is taken from the fragment, the Worker runs it, and the kernel has a seed. Where
+    the fragment has changed by the store, it is not, and role_based's reason stands."""
+    task = task_of(data_dir / "gdn_state.py", "B=1,S=256,H=2")
+    params = {"block_DV": 32, "num_stages": 1, "threads": 128}
+    func = task.primfunc(params)
+    assert any("storage 'b_h_shared' is handed between more than two roles" in r for r in role_based_skips(func))  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "T.region(b_h_fragment[0, 0], 1, 128, 32), T.region(h[" in text and "T.region(b_h_shared[0, 0], 1, 128, 32), T.region(h[" not in text
+    accesses = compiler.op_accesses(prepared)
+    loops = {scope.id for scope in seed.scopes}
+    owners = {r for scope in seed.scopes for r, body in scope.bodies for op in body if op in accesses and op not in loops and "b_h_shared" in accesses[op].touched}
+    assert len(owners) == 2  # the Load role (the initial state) and the Worker
+    verify_seed_and_candidates(task, prepared, seed)
+    assert any("taken from the fragment" in change for change in compiler.rewrites(compiler.strip(func))[1])
+
+    store = "                T.copy(b_h_shared, h[bb, i_s, bh, 0:DK, bv * block_DV : (bv + 1) * block_DV])\n"
+    source = (data_dir / "gdn_state.py").read_text()
+    assert store in source
+    late = source.replace(store, "").replace("                T.gemm(K_shared, V_new_shared, b_h_fragment", store + "                T.gemm(K_shared, V_new_shared, b_h_fragment")
+    path = tmp_path / "gdn_state_late.py"
+    path.write_text(late)
+    with pytest.raises(compiler.NoSeed, match="storage 'b_h_shared'"):  # the fragment is scaled before this store
+        compiler.prepare(task_of(path, "B=1,S=256,H=2").primfunc(params))
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the

@@ -126,6 +126,10 @@ CASES = {
     "online_softmax": (DATA / "online_softmax.py", "M=4096,N=8192", {}),
     # Hopper's bf16 x fp4 GEMM: each thread decodes its own packed bytes by inline PTX (the tid rule again).
     "fp4_gemm": (DATA / "fp4_gemm.py", "M=2048,N=2048,K=2048", {}),
+    # Gated DeltaNet's chunk recurrence, seeded once its h store is taken from the state's fragment
+    # (tilelang's own lowerings are WRONG past 0 stages: run 27); flash decoding for MHA (split KV, combine).
+    "gdn_state": (DATA / "gdn_state.py", "B=2,S=2048,H=4", {}),
+    "mha_decode_split": (DATA / "mha_decode_split.py", "batch=2,seqlen_q=128,seqlen_kv=8192", {}),
 }
 
 
