@@ -130,6 +130,8 @@ CASES = {
     # (tilelang's own lowerings are WRONG past 0 stages: run 27); flash decoding for MHA (split KV, combine).
     "gdn_state": (DATA / "gdn_state.py", "B=2,S=2048,H=4", {}),
     "mha_decode_split": (DATA / "mha_decode_split.py", "batch=2,seqlen_q=128,seqlen_kv=8192", {}),
+    # Gated DeltaNet's chunked output backward (dq, dk, dw, dg: four MMAs into register accumulators, dg reduced).
+    "gdn_chunk_o_bwd": (DATA / "gdn_chunk_o_bwd.py", "B=1,S=4096,H=4", {}),
 }
 
 
