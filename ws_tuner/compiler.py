@@ -204,9 +204,14 @@ def _with_block(func: Any, block: Any, **fields: Any) -> Any:
 
 def _writes_whole(region: Any, buf: Any) -> bool:
     """Whether a tile op's region argument writes all of ``buf``, a buffer of static shape."""
+    return int(region.args[1]) == 2 and _covers(region, buf)
+
+
+def _covers(region: Any, buf: Any) -> bool:
+    """Whether a tile op's region argument spans all of ``buf``, a buffer of static shape."""
     shape = [getattr(d, "value", None) for d in buf.shape]
     return (
-        int(region.args[1]) == 2 and None not in shape and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in region.args[0].indices)
+        None not in shape and all(isinstance(i, tvm.tirx.IntImm) and i.value == 0 for i in region.args[0].indices)
         and [getattr(e, "value", None) for e in region.args[2:]] == shape
     )  # fmt: skip
 
@@ -972,15 +977,22 @@ def _forward_state_stores(func: Any) -> Any:
     return func.with_body(stmt_functor.ir_transform(func.body, None, forward, ["tirx.SeqStmt"]))
 
 
+def _copy_regions(stmt: Any) -> tuple[Any, Any] | None:
+    """(source region, destination region) where ``stmt`` is a tile copy."""
+    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+    if isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2]):
+        return call.args[0], call.args[1]
+    return None
+
+
 def _whole_copy(stmt: Any) -> tuple[Any, Any] | None:
     """(fragment, shared tile) where ``stmt`` copies all of a fragment into all of a shared
     buffer of its shape."""
-    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
-    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2])):
+    regions = _copy_regions(stmt)
+    if regions is None:
         return None
-    src, dst = (r.args[0].buffer for r in call.args[:2])
-    whole_src = _writes_whole(tvm.tirx.Call("handle", call.args[0].op, [call.args[0].args[0], 2, *call.args[0].args[2:]]), src)
-    if src.scope() == "local.fragment" and dst.scope().startswith("shared") and whole_src and _writes_whole(call.args[1], dst):
+    src, dst = (r.args[0].buffer for r in regions)
+    if src.scope() == "local.fragment" and dst.scope().startswith("shared") and _covers(regions[0], src) and _writes_whole(regions[1], dst):
         return src, dst
     return None
 
@@ -1011,26 +1023,22 @@ def _equal_before(stmts: list[Any], frag: Any, tile: Any) -> bool:
     write either is a whole copy between the two."""
     for stmt in reversed(stmts):
         if _writes(stmt, frag) or _writes(stmt, tile):
-            call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
+            regions = _copy_regions(stmt)
             if _whole_copy(stmt) == (frag, tile):
                 return True
-            if isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and all(_is_region(a) for a in call.args[:2]):
-                src, dst = (r.args[0].buffer for r in call.args[:2])
-                return src.same_as(tile) and dst.same_as(frag) and _writes_whole(call.args[1], frag)
-            return False
+            return regions is not None and regions[0].args[0].buffer.same_as(tile) and regions[1].args[0].buffer.same_as(frag) and _writes_whole(regions[1], frag)
     return False
 
 
 def _stored_from(stmt: Any, tile: Any, frag: Any) -> Any | None:
     """``stmt``, a copy of all of ``tile`` to global memory of its type, copying ``frag`` instead."""
-    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
-    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy" and len(call.args) >= 2 and all(_is_region(a) for a in call.args[:2])):
+    regions = _copy_regions(stmt)
+    if regions is None:
         return None
-    src, dst = call.args[0], call.args[1]
-    if not (src.args[0].buffer.same_as(tile) and dst.args[0].buffer.scope() == "global" and dst.args[0].buffer.dtype == tile.dtype):
+    src, dst = regions
+    if not (src.args[0].buffer.same_as(tile) and _covers(src, tile) and dst.args[0].buffer.scope() == "global" and dst.args[0].buffer.dtype == tile.dtype):
         return None
-    if not _writes_whole(tvm.tirx.Call("handle", src.op, [src.args[0], 2, *src.args[2:]]), tile):
-        return None
+    call = stmt.value
     whole = tvm.tirx.Call("handle", src.op, [tvm.tirx.BufferLoad(frag, list(src.args[0].indices)), 1, *src.args[2:]])
     return tvm.tirx.Evaluate(tvm.tirx.Call(call.dtype, call.op, [whole, *call.args[1:]], annotations=call.annotations))
 
@@ -1111,12 +1119,10 @@ def _steering_loads(stmt: Any) -> set[Any]:
 def _input_copy(stmt: Any, read_only: set[Any]) -> tuple[Any, Any] | None:
     """(source region, destination region) when ``stmt`` is a tile copy from a read-only
     input into the whole of a buffer."""
-    call = stmt.value if isinstance(stmt, tvm.tirx.Evaluate) else None
-    if not (isinstance(call, tvm.tirx.Call) and getattr(call.op, "name", "") == "tl.tileop.copy"):
+    regions = _copy_regions(stmt)
+    if regions is None:
         return None
-    if len(call.args) < 2 or not all(_is_region(a) for a in call.args[:2]):
-        return None
-    src, dst = call.args[0], call.args[1]
+    src, dst = regions
     if src.args[0].buffer.data not in read_only or not _writes_whole(dst, dst.args[0].buffer):
         return None
     return src, dst
