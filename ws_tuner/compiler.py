@@ -529,7 +529,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     func = _zero_based(func)
     seed = own_schedule(func)
     if seed is not None:
-        return func, _safe(func, seed)
+        return _unbudgeted(func, _safe(func, seed))
     if _hand_specialized(func):
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
     prepared, skipped = _role_based(func)
@@ -539,7 +539,25 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
-    return prepared, _safe(prepared, seed)
+    return _unbudgeted(prepared, _safe(prepared, seed))
+
+
+def sets_max_nreg(func: Any) -> bool:
+    """Whether the kernel lets its roles have register budgets: not where it opts out with
+    ``T.no_set_max_nreg()``, as Mamba-2's chunk scan does."""
+    found: list[Any] = []
+    stmt_functor.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "") == "tl.no_set_max_nreg" else None)
+    return not found
+
+
+# tilelang's default lowering honours T.no_set_max_nreg(); role_based gives the seed's roles
+# budgets regardless (136 and 24 on Mamba-2's chunk scan). The seed of a kernel that opts
+# out has none, and so has every candidate (ScheduleSpace: PointInfo.budgets).
+def _unbudgeted(prepared: Any, seed: Schedule) -> tuple[Any, Schedule]:
+    if sets_max_nreg(prepared) or all(r.max_nreg == 0 for r in seed.roles):
+        return prepared, seed
+    seed = seed.with_(roles=tuple(replace(r, max_nreg=0) for r in seed.roles))
+    return attach(prepared, seed), seed
 
 
 # A role's pipeline barriers count all of its threads, and MaterializeWSSchedule puts its

@@ -45,6 +45,7 @@ class PointInfo:
     trips: dict[str, int] = field(default_factory=dict)  # loop op id -> trip count, where constant
     program: str = ""  # compiler.scheduled_program: equal at two points, a schedule builds one kernel at both
     schedule_sets: frozenset[int] = frozenset()  # the values of what the schedule sets instead (num_stages, threads)
+    budgets: bool = True  # False: the kernel opts out of setmaxnreg (T.no_set_max_nreg), and no role gets a budget
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class SpaceConfig:
         if unknown:
             raise ValueError(f"{path}: unknown space setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
+
+    def unbudgeted(self) -> "SpaceConfig":
+        """The same axes with no register budget but none (a kernel that opts out of setmaxnreg)."""
+        return replace(self, producer_nreg=(0,), consumer_nreg=(0,), loader_nreg=())
 
     def __post_init__(self) -> None:
         for n in self.producer_nreg + self.consumer_nreg + self.loader_nreg:

@@ -109,7 +109,7 @@ class ScheduleSpace:
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
                     self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset, self._deadlocks)
-                self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
+                self._shapes[params] = SeedShape(info, self._seeds[key], self.config if info.budgets else self.config.unbudgeted())
         return self._shapes[params]
 
     def serves(self, params: ParamsKey) -> bool:
@@ -126,7 +126,10 @@ class ScheduleSpace:
 
     def limits(self) -> list[str]:
         """What the space keeps as in the seed, and why (every seed seen so far)."""
-        return list(dict.fromkeys(msg for variants in self._seeds.values() for msg in variants.seed.limits))
+        notes = [msg for variants in self._seeds.values() for msg in variants.seed.limits]
+        if any(not isinstance(shape, str) and not shape.info.budgets for shape in self._shapes.values()):
+            notes.append("register budgets: none, as the kernel asks (T.no_set_max_nreg)")
+        return list(dict.fromkeys(notes))
 
     def axes(self, grid: Iterable[ParamsKey] | None = None) -> dict[str, tuple[Any, ...]]:
         """Every decision and its choices, over the seeds of all kernel-parameter points

@@ -128,6 +128,7 @@ class Task:
             trips=compiler.loop_trips(prepared),
             program=program,
             schedule_sets=schedule_sets,
+            budgets=compiler.sets_max_nreg(prepared),
         )
 
     @functools.cached_property

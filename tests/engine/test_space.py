@@ -1181,6 +1181,29 @@ def test_a_states_store_is_taken_from_the_fragment_the_tile_holds(data_dir, tmp_
         compiler.prepare(task_of(path, "B=1,S=256,H=2").primfunc(params))
 
 
+def test_a_kernel_that_opts_out_of_register_budgets_gets_none(data_dir, tmp_path):
+    """Mamba-2's chunk scan calls T.no_set_max_nreg(), which tilelang's default lowering
+    honours and role_based does not (it gives its roles 136 and 24). Its seed, and every
+    candidate of its space, set no register budget, and ``ws-tune space`` says so; without
+    the call, the roles' budgets are varied as anywhere."""
+    params = {"block_M": 64, "block_N": 64, "block_K": 64, "num_stages": 1, "threads": 128}
+    task = task_of(data_dir / "mamba_chunk_scan.py", "batch=2,seqlen=1024")
+    func = task.primfunc(params)
+    assert any(r.max_nreg for r in compiler.own_schedule(compiler._role_based(func)[0]).roles)  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    assert all(r.max_nreg == 0 for r in seed.roles) and compiler.own_schedule(prepared) == seed
+    space, rng = task.space(), random.Random(0)
+    drawn = [space.candidate(p) for p in (space.random_point(rng) for _ in range(20)) if p]
+    assert len({c.hash for c in drawn}) > 5 and all(r.max_nreg == 0 for c in drawn for r in c.schedule.roles)
+    assert "register budgets: none, as the kernel asks (T.no_set_max_nreg)" in space.limits()
+
+    path = edited(data_dir, tmp_path, "mamba_chunk_scan.py", "T.no_set_max_nreg()", "pass")
+    space = task_of(path, "batch=2,seqlen=1024").space()
+    drawn = [space.candidate(p) for p in (space.random_point(rng) for _ in range(20)) if p]
+    assert any(r.max_nreg for c in drawn for r in c.schedule.roles)
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the

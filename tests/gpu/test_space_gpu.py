@@ -132,6 +132,10 @@ CASES = {
     "mha_decode_split": (DATA / "mha_decode_split.py", "batch=2,seqlen_q=128,seqlen_kv=8192", {}),
     # Gated DeltaNet's chunked output backward (dq, dk, dw, dg: four MMAs into register accumulators, dg reduced).
     "gdn_chunk_o_bwd": (DATA / "gdn_chunk_o_bwd.py", "B=1,S=4096,H=4", {}),
+    # Kimi Delta Attention's chunk recurrence (seeded as gdn_state is); Mamba-2's chunk scan (it opts
+    # out of setmaxnreg: no role gets a budget; a causal trip count per block).
+    "kda_state": (DATA / "kda_state.py", "B=1,S=4096,H=4", {}),
+    "mamba_chunk_scan": (DATA / "mamba_chunk_scan.py", "batch=2,seqlen=2048", {}),
 }
 
 
