@@ -423,7 +423,7 @@ def _op_ids(stmt: Any) -> set[str]:
 def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAccess:
     reads: set[str] = set()
     writes: set[str] = set()
-    issues = retires = False
+    issues = retires = tma_reduce = False
     mmas: list[Mma] = []
     through_region: set[int] = set()  # loads that name a tile op's region, not a read
     calls: list[Any] = []
@@ -447,6 +447,8 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
             mmas += _mma(call, allocated)
         elif name in ASYNC_RETIRE_OPS:
             retires = True
+        if getattr(call.op, "name", "").startswith("tl.tileop.atomic") and "use_tma" in dict(getattr(call, "annotations", None) or {}):
+            tma_reduce = True
 
     def visit(node: Any) -> None:
         if isinstance(node, tvm.tirx.BufferStore) and node.buffer.data in allocated:
@@ -463,7 +465,7 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)
-    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas), _parallel_elements(stmt))
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas), _parallel_elements(stmt), tma_reduce=tma_reduce)
 
 
 def _parallel_elements(stmt: Any) -> int:
@@ -830,6 +832,11 @@ def _loads(expr: Any) -> list[Any]:
 # a copy of the same regions, an element op as an opaque call; the seed's kernel gets
 # its atomics back at the op ids the stand-ins were given. Atomics whose value is used
 # (``return_prev``) are expressions, not statements: role_based still says why it skips.
+# A tile atomic by TMA (``use_tma``: cp.reduce.async.bulk) stands in as an opaque call, which
+# role_based keeps with the role that writes its shared tile: as a copy it went to a Store
+# role, and MaterializeWSSchedule, which fences a TMA store's tile from the writer's
+# generic-proxy stores before the handoff, does not fence an atomic's (a race on the
+# reduced values; a GQA backward's dQ, dK and dV).
 _STAND_IN = "ws_tune_atomic"  # the annotation that marks a stand-in with the atomic's op name
 
 
@@ -839,7 +846,7 @@ def _stand_in_atomics(func: Any) -> Any:
         if not (isinstance(call, tvm.tirx.Call) and "atomic" in getattr(call.op, "name", "")):
             return None
         marks = {**dict(call.annotations), _STAND_IN: call.op.name}
-        if call.op.name.startswith("tl.tileop."):
+        if call.op.name.startswith("tl.tileop.") and "use_tma" not in marks:
             op, args = tvm.ir.Op.get("tl.tileop.copy"), call.args
         else:
             op, args = tvm.ir.Op.get("tirx.call_extern"), [tvm.tirx.StringImm(_STAND_IN), *call.args]

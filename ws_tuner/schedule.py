@@ -85,7 +85,8 @@ class OpAccess:
     loop nest, which its role's threads share out. ``loop``: a sequential loop;
     ``steers``: the variables its bounds (a while loop: its condition) read.
     ``thread_index``: it reads the thread index (``T.get_thread_binding``), directly, by a
-    scalar bound from it, or by its guard."""
+    scalar bound from it, or by its guard. ``tma_reduce``: a tile atomic by TMA
+    (``use_tma``), which stays in the role that writes its shared tile."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -96,6 +97,7 @@ class OpAccess:
     loop: bool = False  # a sequential loop (its accesses are its body's)
     steers: frozenset[str] = frozenset()  # a loop's: what its bounds or condition read, which every role that runs it must hold
     thread_index: bool = False  # MaterializeWSSchedule leaves it the block's, not renumbered for the role
+    tma_reduce: bool = False  # a tile atomic by TMA: MaterializeWSSchedule fences its tile only in the writer's role
 
     @property
     def touched(self) -> frozenset[str]:

@@ -309,7 +309,7 @@ class Seed:
         feeds = bool(written) and not read  # a load into shared memory; else a store from it
         shared = written if feeds else read
         on_chip = [b for b in acc.touched if not b.startswith("$")]
-        if acc.issues_async or acc.retires_async or not shared or set(on_chip) != set(shared) or protected & set(shared):
+        if acc.issues_async or acc.retires_async or acc.tma_reduce or not shared or set(on_chip) != set(shared) or protected & set(shared):
             return None
         if self.placements(op) != {role}:
             return None

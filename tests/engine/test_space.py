@@ -1204,6 +1204,30 @@ def test_a_kernel_that_opts_out_of_register_budgets_gets_none(data_dir, tmp_path
     assert any(r.max_nreg for c in drawn for r in c.schedule.roles)
 
 
+def test_a_tma_reduction_stays_with_the_role_that_writes_its_tile(data_dir):
+    """A GQA backward adds dQ, dK and dV into global memory by TMA reductions from shared
+    tiles its Worker writes. MaterializeWSSchedule fences a TMA store's tile from the
+    writer's stores before handing it to another role, not a reduction's: as copies (the
+    stand-ins of other tile atomics) they went to a Store role, unfenced. They stand in as
+    opaque calls, role_based keeps them with the Worker (where tilelang fences them), and
+    the space does not move them into a role of their own."""
+    task = task_of(data_dir / "gqa_bwd.py", "batch=2,heads=32,seq_len=512")
+    params = {"block_M": 64, "block_N": 32, "num_stages": 1}
+    prepared, seed = compiler.prepare(task.primfunc(params))
+    accesses = compiler.op_accesses(prepared)
+    loops = {scope.id for scope in seed.scopes}
+    reductions = [op for op, a in accesses.items() if a.tma_reduce and op not in loops]
+    assert len(reductions) == 3  # dQ in the loop, dK and dV after it
+    for op in reductions:
+        (tile,) = accesses[op].reads - {v for v in accesses[op].reads if v.startswith("$")}
+        writers = {r for scope in seed.scopes for r, body in scope.bodies for o in body if o in accesses and o not in loops and tile in accesses[o].writes}
+        runs = {r for scope in seed.scopes for r, body in scope.bodies if op in body}
+        assert runs == writers and len(runs) == 1
+    space = task.space()
+    shape = space.shape(next(p for p in space.param_points() if dict(p) == params))
+    assert not set(reductions) & {op for m in shape.analysis.movable for op in m.ops}
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the

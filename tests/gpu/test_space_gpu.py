@@ -136,6 +136,8 @@ CASES = {
     # out of setmaxnreg: no role gets a budget; a causal trip count per block).
     "kda_state": (DATA / "kda_state.py", "B=1,S=4096,H=4", {}),
     "mamba_chunk_scan": (DATA / "mamba_chunk_scan.py", "batch=2,seqlen=2048", {}),
+    # GQA backward with dQ, dK and dV by TMA reductions, kept with the Worker that writes their tiles.
+    "gqa_bwd": (DATA / "gqa_bwd.py", "batch=2,heads=32,seq_len=1024", {"block_M": (64,), "block_N": (32,)}),
 }
 
 
