@@ -380,20 +380,21 @@ def test_a_token_in_use_is_checked_again_before_it_lapses(db_url: str, tmp_path:
 
 def test_a_job_on_a_kernel_without_a_seed_measures_its_baselines(db_url: str, live_server: Callable, make_token: Callable,
                                                                 worker_thread: Callable) -> None:  # fmt: skip
-    """Gated DeltaNet's chunk recurrence, uploaded: role_based gives no seed, so there is
-    nothing to search; the job still measures tilelang's own lowerings, and succeeds."""
+    """DeepSeek's mHC pre-mixing, uploaded: its warps split by hand at 96 and 160 threads,
+    role_based gives no seed, so there is nothing to search; the job still measures
+    tilelang's own lowerings, and succeeds."""
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write", "kernels:upload")
     worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
-    source = (Path(__file__).resolve().parents[1] / "data" / "gdn_state.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "data" / "mhc_pre.py").read_text()
     with live.client(token) as client:
-        sha = client.post("/kernels", json={"name": "gdn_state", "source": source}).json()["sha256"]
-        body = {"kernel": "gdn_state", "source_sha256": sha, "problem": "B=1,S=256,H=2", "budget": 2,
-                "params": "block_DV=32,num_stages=1", "strategy": "random", "seed": 1, "baselines": True}  # fmt: skip
+        sha = client.post("/kernels", json={"name": "mhc_pre", "source": source}).json()["sha256"]
+        body = {"kernel": "mhc_pre", "source_sha256": sha, "problem": "tokens=1024", "budget": 2,
+                "params": "hidden_block=256,num_stages=1", "strategy": "random", "seed": 1, "baselines": True}  # fmt: skip
         job = client.post("/jobs", json=body).json()
         done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
         assert done["state"] == "succeeded", done
         trials = client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]
     kinds = sorted(t["kind"] for t in trials)
-    assert kinds == ["baseline"] * 7, trials  # default, no_ws and role_based at 128 and 256 threads, and the file's reference
+    assert kinds == ["baseline"] * 7, trials  # default, no_ws and role_based at 96 and 160 threads, and the file's reference
     assert sorted(t["lowering"] for t in trials) == ["default", "default", "no_ws", "no_ws", "reference", "role_based", "role_based"]
