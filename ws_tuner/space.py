@@ -13,7 +13,8 @@ the seed, so samplers see a stable space:
   a moved one) issued by cp.async rather than through registers;
 - ``pipelines``: each loop channel's buffers as the seed groups them, all
   merged or all separate;
-- ``depth.<pipeline>``: each loop pipeline's depth;
+- ``depth.<pipeline>``: each loop pipeline's depth (``depth``: one for all, where more
+  than ``MAX_VARIED_DEPTHS`` pipelines vary);
 - ``stage.<role>.<pipelines>``: the stage of each span group of a loop body
   with several (one pipeline's wait/release some iterations behind
   another's; producer and consumer side alike);
@@ -46,6 +47,12 @@ from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
 from .variant import Plan, Variants
+
+# Each varied pipeline's depth is a decision of its own, and the walk and the count take
+# their product: 5^n depth sets. A fused kernel of KDA with 11 loop pipelines made 48.8
+# million of them per layout, and `ws-tune space` did not finish. Beyond this many (no
+# kernel file has more than 5), one depth serves every pipeline of the plan.
+MAX_VARIED_DEPTHS = 6
 
 __all__ = ["MERGED", "SEED", "SEPARATE", "Point", "PointInfo", "ScheduleSpace", "SeedShape", "SpaceConfig", "SpaceCount", "Split", "register_reason"]
 
@@ -80,6 +87,7 @@ class ScheduleSpace:
         self._register_reasons: dict[tuple, str | None] = {}
         self._survivors: dict[tuple, tuple[tuple, int]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
+        self._notes: set[str] = set()  # limits met while enumerating, beside the seeds'
         self._representatives: dict[ParamsKey, ParamsKey] = {}
         self._uses: dict[tuple, dict[str, SharedUse]] = {}
 
@@ -126,7 +134,7 @@ class ScheduleSpace:
 
     def limits(self) -> list[str]:
         """What the space keeps as in the seed, and why (every seed seen so far)."""
-        notes = [msg for variants in self._seeds.values() for msg in variants.seed.limits]
+        notes = [msg for variants in self._seeds.values() for msg in variants.seed.limits] + sorted(self._notes)
         if any(not isinstance(shape, str) and not shape.info.budgets for shape in self._shapes.values()):
             notes.append("register budgets: none, as the kernel asks (T.no_set_max_nreg)")
         return list(dict.fromkeys(notes))
@@ -182,7 +190,7 @@ class ScheduleSpace:
                 survivors, below = self._role_survivors(params, shape, moved)
                 for layout in shape.layouts():
                     plan = shape.plan(layout, moved)
-                    depth_sets = tuple(itertools.product(self.config.depths, repeat=len(plan.varied)))
+                    depth_sets = self._depth_sets(plan)
                     if plan.infeasible:  # no stages of some body keep the seed's dependences
                         count.total += len(depth_sets) * below
                         count.prune(plan.infeasible, len(depth_sets) * below)
@@ -252,7 +260,7 @@ class ScheduleSpace:
             per_structure = len(shape.splits) * len(list(self._nreg_choices(shape, shape.plan(shape.layouts()[0], moved))))
             for layout in shape.layouts():
                 plan = shape.plan(layout, moved)
-                n += len(self.config.depths) ** len(plan.varied) * len(tuple(shape.stage_choices(plan))) * per_structure
+                n += len(self._depth_sets(plan)) * len(tuple(shape.stage_choices(plan))) * per_structure
         return n
 
     def candidates(self) -> Iterator[Candidate]:
@@ -424,7 +432,7 @@ class ScheduleSpace:
         """Depth, stage and budget decisions of a point, by name."""
         assert not isinstance(shape, str)
         plan = shape.plan(point.layout, point.moved)
-        out: dict[str, Any] = {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
+        out: dict[str, Any] = {"depth": point.depths[0]} if len(plan.varied) > MAX_VARIED_DEPTHS else {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
         out.update({shape.nreg_decision(r, plan)[0]: n for r, n in zip(plan.roles, point.nregs)})
         stages = iter(point.stages)
         for choice in plan.stage_choices:
@@ -434,9 +442,17 @@ class ScheduleSpace:
     def _fitting_depths(self, shape: SeedShape, plan: Plan) -> list[tuple[int, ...]]:
         key = (id(shape), plan)
         if key not in self._fitting:
-            depths = itertools.product(self.config.depths, repeat=len(plan.varied))
-            self._fitting[key] = [d for d in depths if not self._depths_reason(shape, plan, d)]
+            self._fitting[key] = [d for d in self._depth_sets(plan) if not self._depths_reason(shape, plan, d)]
         return self._fitting[key]
+
+    def _depth_sets(self, plan: Plan) -> tuple[tuple[int, ...], ...]:
+        """The depths of the plan's varied pipelines: every combination, or one depth for all
+        beyond ``MAX_VARIED_DEPTHS`` of them."""
+        n, depths = len(plan.varied), self.config.depths
+        if n <= MAX_VARIED_DEPTHS:
+            return tuple(itertools.product(depths, repeat=n))
+        self._notes.add(f"pipeline depths: one for all {n} pipelines of a plan (over {MAX_VARIED_DEPTHS}: {len(depths)}^{n} sets)")
+        return tuple((d,) * n for d in depths)
 
     def _decisions(self, shape: SeedShape, choose: Callable[[str, Sequence[Any]], Any], params: ParamsKey = (), every: bool = False) -> Point:
         """The decisions below the kernel parameters, in a fixed order. ``every``:
@@ -448,7 +464,10 @@ class ScheduleSpace:
         layout = shape.analysis.layout_alias[choose("pipelines", shape.layout_labels())]
         plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv, _ in shape.move_choices()] if every else [shape.plan(layout, moved)]
         for plan in plans:
-            depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
+            if len(plan.varied) > MAX_VARIED_DEPTHS:
+                depths = (choose("depth", c.depths),) * len(plan.varied)
+            else:
+                depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
             stages: tuple[int, ...] = ()
             for choice in plan.stage_choices:
                 by_label = {choice.label(o): o for o in choice.options}

@@ -1228,6 +1228,24 @@ def test_a_tma_reduction_stays_with_the_role_that_writes_its_tile(data_dir):
     assert not set(reductions) & {op for m in shape.analysis.movable for op in m.ops}
 
 
+def test_many_varied_pipelines_share_one_depth():
+    """Each varied pipeline's depth is a decision, and the walk takes their product: a fused
+    KDA kernel's 11 loop pipelines made 5^11 depth sets per layout, and ``ws-tune space``
+    did not finish in 25 minutes. Beyond MAX_VARIED_DEPTHS pipelines one depth serves all,
+    and the space says so; up to it, every combination is kept."""
+    from types import SimpleNamespace
+
+    from ws_tuner.space import MAX_VARIED_DEPTHS, ScheduleSpace
+
+    space = ScheduleSpace(param_grid={}, point_info=lambda params: None)  # the depth sets ask nothing of a kernel
+    depths = space.config.depths
+    few = space._depth_sets(SimpleNamespace(varied=("a", "b", "c")))
+    assert len(few) == len(depths) ** 3 and not any("one for all" in n for n in space.limits())
+    many = space._depth_sets(SimpleNamespace(varied=tuple("abcdefghijk")))
+    assert 11 > MAX_VARIED_DEPTHS and many == tuple((d,) * 11 for d in depths)
+    assert any("pipeline depths: one for all 11 pipelines" in n for n in space.limits())
+
+
 def test_an_if_else_is_seeded_as_two_guarded_branches(data_dir, tmp_path):
     """Stream-K writes a tile whole or adds it by atomics under one if-else, which neither
     role_based nor MaterializeWSSchedule takes. ws-tune gives the scheduler two ifs, the
