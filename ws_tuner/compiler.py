@@ -22,7 +22,7 @@ import tempfile
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import tilelang
 import tilelang.language as T
@@ -346,7 +346,8 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
                 guards.setdefault(op_id, set()).update(reads)
 
     stmt_functor.post_order_visit(block.body, guard)
-    by_thread, by_thread_guard = _thread_dependent(func), _thread_guarded(func)
+    by_thread = _thread_dependent(func)
+    by_thread_guard = _thread_guarded(func, by_thread)
     out: dict[str, OpAccess] = {}
 
     def visit(node: Any) -> None:
@@ -372,9 +373,10 @@ def _guarded_ops(node: Any) -> set[str]:
     return _op_ids(node.then_case) | (_op_ids(node.else_case) if node.else_case is not None else set())
 
 
-def _thread_guarded(func: Any) -> set[str]:
-    """The op ids (loops included) under a condition on the thread index."""
-    by_thread = _thread_dependent(func)
+def _thread_guarded(func: Any, by_thread: set[Any] | None = None) -> set[str]:
+    """The op ids (loops included) under a condition on the thread index (``by_thread``:
+    ``_thread_dependent(func)``, where the caller has it)."""
+    by_thread = _thread_dependent(func) if by_thread is None else by_thread
     found: set[str] = set()
 
     def visit(node: Any) -> None:
@@ -547,9 +549,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
 def sets_max_nreg(func: Any) -> bool:
     """Whether the kernel lets its roles have register budgets: not where it opts out with
     ``T.no_set_max_nreg()``, as Mamba-2's chunk scan does."""
-    found: list[Any] = []
-    stmt_functor.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "") == "tl.no_set_max_nreg" else None)
-    return not found
+    return not _nodes(func.body, lambda n: isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "") == "tl.no_set_max_nreg")
 
 
 # tilelang's default lowering honours T.no_set_max_nreg(); role_based gives the seed's roles
@@ -596,9 +596,7 @@ def _role_based(func: Any) -> tuple[Any, list[str]]:
 # ``with T.ws(...)`` blocks: a kernel that specializes its own warps and synchronizes them by
 # its own barriers. role_based finds nothing in it to schedule, and its roles are no schedule's.
 def _hand_specialized(func: Any) -> bool:
-    found: list[Any] = []
-    stmt_functor.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "warp_specialize" else None)
-    return bool(found)
+    return bool(_nodes(func.body, lambda n: isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "warp_specialize"))
 
 
 # MaterializeWSSchedule moves a span by stages only in a loop from 0 ("stage offsets require
@@ -820,8 +818,13 @@ def _bind_global_reads(func: Any) -> Any:
 
 
 def _loads(expr: Any) -> list[Any]:
+    return _nodes(expr, lambda n: isinstance(n, tvm.tirx.BufferLoad))
+
+
+def _nodes(node: Any, wanted: Callable[[Any], bool]) -> list[Any]:
+    """The nodes under ``node`` (itself included) that are ``wanted``, in post order."""
     found: list[Any] = []
-    stmt_functor.post_order_visit(expr, lambda n: found.append(n) if isinstance(n, tvm.tirx.BufferLoad) else None)
+    stmt_functor.post_order_visit(node, lambda n: found.append(n) if wanted(n) else None)
     return found
 
 
@@ -1048,9 +1051,9 @@ def _equal_before(stmts: list[Any], frag: Any, tile: Any) -> bool:
     write either is a whole copy between the two."""
     for stmt in reversed(stmts):
         if _writes(stmt, frag) or _writes(stmt, tile):
-            regions = _copy_regions(stmt)
             if _whole_copy(stmt) == (frag, tile):
                 return True
+            regions = _copy_regions(stmt)  # else the tile copied into the fragment
             return regions is not None and regions[0].args[0].buffer.same_as(tile) and regions[1].args[0].buffer.same_as(frag) and _writes_whole(regions[1], frag)
     return False
 
@@ -1447,8 +1450,7 @@ def _role_branches(stmt: Any, lo: int, hi: int) -> list[tuple[int, int, Any]] | 
 
 def _idle(stmt: Any) -> bool:
     """A branch of warps that no role has: at most a register budget, no memory touched."""
-    found: list[Any] = []
-    stmt_functor.post_order_visit(stmt, lambda n: found.append(n) if isinstance(n, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore, tvm.tirx.Call)) else None)
+    found = _nodes(stmt, lambda n: isinstance(n, (tvm.tirx.BufferLoad, tvm.tirx.BufferStore, tvm.tirx.Call)))
     return all(isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "").endswith("set_max_nreg") for n in found)
 
 

@@ -124,24 +124,28 @@ class Seed:
             out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained, m.bits) for m in mmas)
         return out
 
+    def _placed(self, moved: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+        """(role, op) for every op of every role, the ``moved`` ops in their new roles."""
+        moves = {op: m.new_role for m in self.movable if m.op in moved for op in m.ops}
+        for role in self.role_names:
+            for op in self._ops_of(role):
+                yield moves.get(op, role), op
+
     @functools.cache  # noqa: B019 - one Seed per analysed seed, kept as long as its space
     def loop_elements(self, moved: tuple[str, ...] = ()) -> dict[str, frozenset[int]]:
         """Per role: the iterations of its element-wise loops, with the ``moved`` ops'
         loops in their new roles."""
-        moves = {op: m.new_role for m in self.movable if m.op in moved for op in m.ops}
         out: dict[str, set[int]] = {}
-        for role in self.role_names:
-            for op in self._ops_of(role):
-                if self.access(op).elements:
-                    out.setdefault(moves.get(op, role), set()).add(self.access(op).elements)
+        for role, op in self._placed(moved):
+            if self.access(op).elements:
+                out.setdefault(role, set()).add(self.access(op).elements)
         return {role: frozenset(n) for role, n in out.items()}
 
     @functools.cache  # noqa: B019 - as loop_elements
     def thread_indexed(self, moved: tuple[str, ...] = ()) -> frozenset[str]:
         """The roles that run an op of the kernel's own that reads the thread index, with
         the ``moved`` ops in their new roles."""
-        moves = {op: m.new_role for m in self.movable if m.op in moved for op in m.ops}
-        return frozenset(moves.get(op, role) for role in self.role_names for op in self._ops_of(role) if self.access(op).thread_index)
+        return frozenset(role for role, op in self._placed(moved) if self.access(op).thread_index)
 
     @functools.cached_property
     def loads(self) -> tuple[str, ...]:

@@ -1141,9 +1141,10 @@ def test_a_seed_whose_pipelined_loop_runs_under_a_thread_condition_is_refused(da
     path = tmp_path / "mhc_pre_128.py"
     path.write_text(source)
     func = task_of(path, "tokens=1024").primfunc({"hidden_block": 256, "num_stages": 1, "threads": 128})
-    seeded = compiler.own_schedule(compiler._role_based(func)[0])
+    scheduled = compiler._role_based(func)[0]
+    seeded = compiler.own_schedule(scheduled)
     assert seeded is not None  # the premise: role_based's seed
-    guarded = compiler._thread_guarded(compiler._role_based(func)[0]) & {s.id for s in seeded.scopes}
+    guarded = compiler._thread_guarded(scheduled) & {s.id for s in seeded.scopes}
     assert guarded  # its pipelined loop, under the thread condition
     with pytest.raises(compiler.NoSeed, match=f"pipelined loop '{sorted(guarded)[0]}' runs under a condition on the thread index"):
         compiler.prepare(func)
