@@ -208,7 +208,6 @@ class Tuner:
         return [(c, WARM) for c in lowering_starts_after(self.task, self.report.records, timed=self.runner is not None) if c.hash not in first]
 
 
-
 def lowering_starts_after(task: Task, records: Iterable[TrialRecord], *, timed: bool) -> list[Candidate]:
     """The lowering starts (Task.lowering_starts) once the seed schedule's baselines are in
     ``records``: at its fastest measured points (pipeline.start_points), for the CLI's
