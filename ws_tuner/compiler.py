@@ -1360,8 +1360,10 @@ _thread_sync = tilelang.transform.ThreadSync
 
 
 def _partial_sync(node: Any) -> tuple[str, int] | None:
-    """(scope, barrier id) of a partial sync that ThreadSync inserted, else None."""
-    if isinstance(node, tvm.tirx.Call) and getattr(node.op, "name", "") == "tirx.tvm_storage_sync" and len(node.args) == 3:
+    """(scope, barrier id) of a partial sync that ThreadSync inserted, else None (a kernel's own
+    sync at a barrier it computes, as a warpgroup's turn, is not one)."""
+    if (isinstance(node, tvm.tirx.Call) and getattr(node.op, "name", "") == "tirx.tvm_storage_sync" and len(node.args) == 3
+            and isinstance(node.args[1], tvm.tirx.IntImm)):  # fmt: skip
         return str(node.args[0].value), int(node.args[1])
     return None
 

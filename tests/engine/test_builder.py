@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import tilelang
@@ -17,6 +18,7 @@ from ws_tuner.schedule import Role, Sync
 from ws_tuner.space import Point
 from ws_tuner.task import Task
 
+ROOT = Path(__file__).resolve().parents[2]
 PARAMS = {"block_K": 64, "block_M": 128, "block_N": 256, "epilogue": "direct", "persistent": False, "swizzle": 8}
 
 
@@ -148,3 +150,18 @@ def test_two_roles_never_wait_at_one_barrier(data_dir, uncached, monkeypatch):
     # Copies by cp.async asked of an op that is no element-wise loop: a compile error that says so.
     with pytest.raises(compiler.CompilerError, match="async copies: tl_tileop_copy_0 is no element-wise"):
         task.lowered(Candidate.make(cand.param_dict, cand.schedule.with_(async_copies=("tl_tileop_copy_0",))))
+
+
+
+@pytest.mark.slow
+def test_a_kernels_own_barrier_by_index_compiles(uncached):
+    """examples/attention.py's alternating turns: each warpgroup waits at barrier 13 plus its
+    index, an id the kernel computes. Not one of ThreadSync's numbered barriers, it is left
+    as written; taking it for one made every such candidate a compile error ("int() argument
+    must be ... not 'Add'")."""
+    spec = load_kernel(ROOT / "examples" / "attention.py")
+    task = Task.make(spec, spec.parse_problem("B=2,H=8,S=2048,D=128"))
+    params = {**{k: v[0] for k, v in spec.params.items()}, "consumers": "alternating", "block_M": 128, "block_N": 128}
+    cand = task.space().seed_candidate(tuple(sorted(params.items())))
+    source = compiler.compile_kernel(*task.lowered(cand)).get_kernel_source()
+    assert "__sync_thread_partial(((tl::get_warp_group_idx() & 1) + 13), 256)" in source
