@@ -467,7 +467,33 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
                 reads.add(bound[node])
 
     stmt_functor.post_order_visit(stmt, visit)
-    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas), _parallel_elements(stmt), tma_reduce=tma_reduce)
+    elements = _parallel_elements(stmt)
+    return OpAccess(frozenset(reads), frozenset(writes), issues, retires, tuple(mmas), elements, tma_reduce=tma_reduce,
+                    global_copies=bool(elements) and _copies_global(stmt))  # fmt: skip
+
+
+def _copies_global(stmt: Any) -> bool:
+    """Whether a loop nest stores an element of global memory into shared memory as it is
+    (or zero where a condition fails): the store InjectPTXAsyncCopy makes a cp.async of."""
+    found: list[bool] = []
+
+    def loaded(value: Any) -> Any:
+        if isinstance(value, tvm.tirx.Call) and getattr(value.op, "name", "") == "tirx.if_then_else" and _is_zero(value.args[2]):
+            return loaded(value.args[1])
+        return value if isinstance(value, tvm.tirx.BufferLoad) else None
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tirx.BufferStore) and node.buffer.scope().startswith("shared"):
+            load = loaded(node.value)
+            found.append(load is not None and load.buffer.scope() == "global" and load.buffer.dtype == node.buffer.dtype)
+
+    stmt_functor.post_order_visit(stmt, visit)
+    return any(found)
+
+
+def _is_zero(value: Any) -> bool:
+    value = value.value if isinstance(value, tvm.tirx.Broadcast) else value
+    return isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) and value.value == 0
 
 
 def _parallel_elements(stmt: Any) -> int:
@@ -969,16 +995,16 @@ def _stage_register_loads(func: Any) -> Any:
     return func if not staged else _with_block(func, block, body=body, alloc_buffers=[*block.alloc_buffers, *staged])
 
 
-# A recurrent kernel carries its state in registers across a loop and hands it to the next
-# trip's MMA through a shared tile that the trip writes last (Gated DeltaNet's chunk
-# recurrence: each trip first stores the tile to global memory as that chunk's state, then
-# reads it in W @ S). role_based gives the store to a Store role, beside the Worker that
-# writes the tile and reads it, and refuses a tile three roles share. Where, at that store,
-# the tile holds the fragment's values (written from it at the end of the last trip, or
-# before the loop, and neither written since), the store is taken from the fragment: the
-# Worker runs it, and the tile has two owners. Exact only where the fragment holds the
-# tile's values exactly (the same type, or fp32 of a 16-bit float tile) and the store's
-# destination is of the tile's type.
+# A recurrent kernel carries its state in registers across a loop and hands it to an MMA
+# through a shared tile written from the fragment, which the trip also stores to global memory
+# (Gated DeltaNet's chunk recurrence writes the tile last in a trip, and the next stores it as
+# that chunk's state, then reads it in W @ S; its backward writes, stores and reads it in one
+# trip). role_based gives the store to a Store role, beside the Worker that writes the tile and
+# reads it, and refuses a tile three roles share. Where, at that store, the tile holds the
+# fragment's values (``_held_by``), the store is taken from the fragment: the Worker runs it,
+# and the tile has two owners. Only a tile read again after the store (a third role's), and
+# exact only where the fragment holds the tile's values exactly (the same type, or fp32 of a
+# 16-bit float tile) and the store's destination is of the tile's type.
 def _forward_state_stores(func: Any) -> Any:
     def forward(seq: Any) -> Any:
         stmts, changed = list(seq.seq), False
@@ -986,16 +1012,13 @@ def _forward_state_stores(func: Any) -> Any:
             if not (isinstance(loop, tvm.tirx.For) and loop.kind == tvm.tirx.ForKind.SERIAL and isinstance(loop.body, tvm.tirx.SeqStmt)):
                 continue
             body = list(loop.body.seq)
-            for j, last in enumerate(body):
-                pair = _whole_copy(last)
-                if pair is None or not _holds_exactly(*pair) or any(_writes(x, b) for x in body[j + 1 :] for b in pair):
+            for i, stmt in enumerate(body):
+                regions = _copy_regions(stmt)
+                tile = regions[0].args[0].buffer if regions else None
+                if tile is None or not tile.scope().startswith("shared") or not _read_again(body, i, tile):
                     continue
-                frag, tile = pair
-                if not _equal_before(stmts[:k], frag, tile):
-                    continue
-                for i, stmt in enumerate(body[:j]):
-                    if _writes(stmt, frag) or _writes(stmt, tile):
-                        break
+                frag = _held_by(body, i, tile, stmts[:k])
+                if frag is not None:
                     body[i] = _stored_from(stmt, tile, frag) or stmt
             if any(not a.same_as(b) for a, b in zip(body, loop.body.seq)):
                 stmts[k] = tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tvm.tirx.SeqStmt(body), loop.thread_binding, loop.annotations, loop.step)
@@ -1003,6 +1026,33 @@ def _forward_state_stores(func: Any) -> Any:
         return tvm.tirx.SeqStmt(stmts) if changed else None
 
     return func.with_body(stmt_functor.ir_transform(func.body, None, forward, ["tirx.SeqStmt"]))
+
+
+def _held_by(body: list[Any], i: int, tile: Any, before: list[Any]) -> Any | None:
+    """The fragment whose values ``tile`` holds at ``body[i]`` of a loop's body, or None: its
+    last write is a whole copy from the fragment, earlier in the trip or, wrapping, at the end of
+    the last trip (and so before the loop, ``before``), and the fragment is not written since."""
+    earlier = [n for n in range(i) if _writes(body[n], tile)]
+    later = [n for n in range(i + 1, len(body)) if _writes(body[n], tile)]
+    at = earlier[-1] if earlier else later[-1] if later else None
+    pair = None if at is None else _whole_copy(body[at])
+    if pair is None or not pair[1].same_as(tile) or not _holds_exactly(*pair):
+        return None
+    frag = pair[0]
+    since = body[at + 1 : i] if at < i else body[at + 1 :] + body[:i]
+    if any(_writes(x, frag) for x in since) or (at > i and not _equal_before(before, frag, tile)):
+        return None
+    return frag
+
+
+def _read_again(body: list[Any], i: int, tile: Any) -> bool:
+    """Whether another statement reads what ``body[i]`` reads of ``tile`` before the tile is
+    next written whole (later in the trip or, wrapping, in the next one)."""
+    for stmt in body[i + 1 :] + body[:i]:
+        first = _first_access(stmt, tile)
+        if first is not None:
+            return first == "use"
+    return False
 
 
 def _copy_regions(stmt: Any) -> tuple[Any, Any] | None:

@@ -16,7 +16,7 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 - ``loop_reason``: each role's threads can share out its element-wise loops;
 - ``shared_order`` and ``shared_bytes``: an order of the roles in which tilelang's
   shared-memory planner may read a warp-specialized kernel, and what the block then
-  allocates (an epilogue's tile over dead pipeline tiles).
+  allocates (tilelang's linear scan: an epilogue's tiles over pipeline tiles dead by then).
 """
 
 from __future__ import annotations
@@ -229,14 +229,13 @@ def thread_index_reason(schedule: Schedule, indexed: frozenset[str], seed: Sched
 
 @dataclass(frozen=True)
 class SharedUse:
-    """The shared buffers one role reads and writes; ``loops``: those it touches in a
-    loop; ``late``: those it touches after its last loop; ``epilogue``: those only then."""
+    """The shared buffers one role reads and writes, and ``steps``: those each statement of
+    its root scope touches, in order, with whether the statement is a loop (a scope of its
+    own, read through the role's body there)."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
-    loops: frozenset[str] = frozenset()
-    late: frozenset[str] = frozenset()
-    epilogue: frozenset[str] = frozenset()
+    steps: tuple[tuple[frozenset[str], bool], ...] = ()
 
     @property
     def touched(self) -> frozenset[str]:
@@ -244,8 +243,7 @@ class SharedUse:
 
 
 def shared_uses(schedule: Schedule, accesses: dict[str, OpAccess], shared: frozenset[str]) -> dict[str, SharedUse]:
-    """Each role's ``SharedUse``, from its ops in the root scope in order (a loop with a
-    scope of its own read through the role's body there)."""
+    """Each role's ``SharedUse``, from its ops in the root scope in order."""
     scopes = {s.id: s for s in schedule.scopes}
 
     def touched(role: str, instr: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -259,14 +257,10 @@ def shared_uses(schedule: Schedule, accesses: dict[str, OpAccess], shared: froze
     for role in schedule.roles:
         body = [i for i in (scopes[ROOT_SCOPE].body(role.name) if ROOT_SCOPE in scopes else ()) if isinstance(i, str)]
         ops = [(i in scopes or accesses.get(i, OpAccess()).loop, *touched(role.name, i)) for i in body]
-        last_loop = max((n for n, (loop, _, _) in enumerate(ops) if loop), default=len(ops))
-        late = frozenset().union(*(r | w for _, r, w in ops[last_loop + 1 :]))
         uses[role.name] = SharedUse(
             reads=frozenset().union(*(r for _, r, _ in ops)),
             writes=frozenset().union(*(w for _, _, w in ops)),
-            loops=frozenset().union(*(r | w for loop, r, w in ops if loop)),
-            late=late,
-            epilogue=late - frozenset().union(*(r | w for _, r, w in ops[: last_loop + 1])),
+            steps=tuple((r | w, loop) for loop, r, w in ops if r | w),
         )
     return uses
 
@@ -299,24 +293,78 @@ def _parts(uses: dict[str, SharedUse]) -> tuple[list[str], list[str], list[str]]
     return loaders, [n for n in active if n not in loaders and n not in storers], storers
 
 
+# tilelang's planner aligns each buffer (16 bytes; TMA tiles 1024, which their sizes keep).
+SHARED_ALIGN, TILE_ALIGN = 16, 1024
+
+
 def shared_bytes(sizes: dict[str, int], uses: dict[str, SharedUse] | None = None) -> int:
-    """Shared memory the block allocates (``sizes``: bytes per buffer, versions included):
-    every buffer, less, where the roles' ``uses`` have a ``shared_order``, the computing
-    role's epilogue tiles (touched only after its last loop) that fit in a tile dead by
-    then (touched in its loops, not after), largest first, each in the smallest that holds
-    it, as the planner reuses a freed block. Exact for one epilogue tile."""
-    total = sum(sizes.values())
-    if not uses or shared_order(uses) is None:
-        return total
-    loaders, (computing,), storers = _parts(uses)
-    main = uses[computing]
-    loaded = frozenset().union(*(uses[n].writes for n in loaders))
-    stored = frozenset().union(*(uses[n].reads for n in storers))
-    epilogue = main.epilogue - loaded  # a loader's tile is live from the kernel's start
-    dead = sorted((sizes[b], b) for b in main.loops - main.late - stored if b in sizes)
-    for size, buf in sorted(((sizes[b], b) for b in epilogue if b in sizes), reverse=True):
-        home = next((d for d in dead if d[0] >= size), None)
-        if home is not None:
-            dead.remove(home)
-            total -= size
-    return total
+    """Shared memory the block allocates (``sizes``: bytes per buffer, versions included).
+
+    Where the roles' ``uses`` have a ``shared_order``, as tilelang's MergeSharedMemoryAllocations
+    plans it: each buffer live from the first to the last statement that touches it, in the
+    roles' bodies read one after another (a loop is two statements, its start and its end),
+    packed by ``_linear_scan``. So an epilogue's tiles go over pipeline tiles dead by then,
+    adjacent ones joined. Elsewhere no two buffers share space."""
+    order = shared_order(uses) if uses else None
+    if order is None:
+        return sum(sizes.values())
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    at = 0
+    for role in order:
+        for touched, loop in uses[role].steps:
+            for buf in touched:
+                first.setdefault(buf, at)
+                last[buf] = at + loop + 1
+            at += loop + 1
+    # A buffer no op touches (code outside the ops) is taken as live throughout.
+    intervals = [(first.get(b, 0), last.get(b, at + 1), size, b) for b, size in sizes.items()]
+    return _linear_scan(intervals)
+
+
+def _linear_scan(intervals: list[tuple[int, int, int, str]]) -> int:
+    """The arena size of tilelang's LinearScanPack over (start, end, bytes, name) intervals:
+    in order of start (larger first), each buffer takes the free block that wastes least once
+    those ended by its start are freed (free blocks joined when adjacent), else extends a free
+    block at the top of the arena, else goes on top."""
+    free: list[list[int]] = []  # [offset, size], sorted by offset, adjacent ones joined
+    live: list[tuple[int, int, int]] = []  # (end, offset, size)
+    top = 0
+
+    def release(offset: int, size: int) -> None:
+        free.append([offset, size])
+        free.sort()
+        joined = [free[0]]
+        for block in free[1:]:
+            if joined[-1][0] + joined[-1][1] >= block[0]:
+                joined[-1][1] = max(joined[-1][0] + joined[-1][1], block[0] + block[1]) - joined[-1][0]
+            else:
+                joined.append(block)
+        free[:] = joined
+
+    for start, end, size, _ in sorted(intervals, key=lambda i: (i[0], -i[2], i[3])):
+        for done in sorted(x for x in live if x[0] <= start):
+            live.remove(done)
+            release(done[1], done[2])
+        align = TILE_ALIGN if size % TILE_ALIGN == 0 else SHARED_ALIGN
+        fits = [(b[1] - size, n) for n, b in enumerate(free) if b[1] - (-b[0] % align) >= size]
+        if fits:
+            block = free.pop(min(fits)[1])
+            offset = block[0] + (-block[0] % align)
+            if offset > block[0]:
+                release(block[0], offset - block[0])
+            if block[0] + block[1] > offset + size:
+                release(offset + size, block[0] + block[1] - offset - size)
+        elif free and sum(free[-1]) == top and free[-1][0] + (-free[-1][0] % align) < top:
+            block = free.pop()
+            offset = block[0] + (-block[0] % align)
+            if offset > block[0]:
+                release(block[0], offset - block[0])
+            top = offset + size
+        else:
+            offset = top + (-top % align)
+            if offset > top:
+                release(top, offset - top)
+            top = offset + size
+        live.append((end, offset, size))
+    return top

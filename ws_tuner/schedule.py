@@ -86,7 +86,9 @@ class OpAccess:
     ``steers``: the variables its bounds (a while loop: its condition) read.
     ``thread_index``: it reads the thread index (``T.get_thread_binding``), directly, by a
     scalar bound from it, or by its guard. ``tma_reduce``: a tile atomic by TMA
-    (``use_tma``), which stays in the role that writes its shared tile."""
+    (``use_tma``), which stays in the role that writes its shared tile. ``global_copies``: an
+    element-wise loop that stores elements of global memory into shared memory as they are
+    (or zero), which cp.async can issue (tilelang's InjectPTXAsyncCopy takes nothing else)."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -98,6 +100,7 @@ class OpAccess:
     steers: frozenset[str] = frozenset()  # a loop's: what its bounds or condition read, which every role that runs it must hold
     thread_index: bool = False  # MaterializeWSSchedule leaves it the block's, not renumbered for the role
     tma_reduce: bool = False  # a tile atomic by TMA: MaterializeWSSchedule fences its tile only in the writer's role
+    global_copies: bool = False  # elements copied global -> shared as they are: what cp.async can issue
 
     @property
     def touched(self) -> frozenset[str]:

@@ -231,16 +231,18 @@ class SeedShape:
     def asyncable(self, moved: Sequence[str]) -> tuple[str, ...]:
         """The loads that can issue their copies by cp.async: the element-wise loads of the
         seed's light roles (``Seed.loads``) and the moves among ``moved`` that are loads with
-        element-wise loops (gathers). Through registers, a one-warp Load role fed DeepSeek-V4's
+        element-wise loops (gathers), where a loop copies global memory as it is. Through registers, a one-warp Load role fed DeepSeek-V4's
         sparse attention at 253.8 TFLOP/s; by cp.async 277.1, and two warps at 72 registers
         351.6, against tilelang's default's 331.6 (H200 run 34)."""
-        moves = tuple(m.op for m in self.analysis.movable if m.feeds and m.op in moved and self._async_ops(m.op))
-        return self.analysis.loads + moves
+        moves = tuple(m.op for m in self.analysis.movable if m.feeds and m.op in moved)
+        return tuple(op for op in self.analysis.loads + moves if self._async_ops(op))
 
     def _async_ops(self, load: str) -> tuple[str, ...]:
-        """The element-wise loops of a load of ``asyncable``: what cp.async issues."""
+        """The element-wise loops of a load of ``asyncable`` that copy global memory into shared
+        memory as it is: what cp.async issues (a loop that scales its elements stays as it is,
+        and a candidate asking otherwise would be its twin)."""
         ops = next((m.ops for m in self.analysis.movable if m.op == load), (load,))
-        return tuple(op for op in ops if self.analysis.access(op).elements)
+        return tuple(op for op in ops if self.analysis.access(op).global_copies)
 
     @property
     def feeds(self) -> tuple[str, ...]:

@@ -507,7 +507,7 @@ class ScheduleSpace:
         uses = self._shared_uses(shape, plan)
         total = shared_bytes(sizes, uses) + BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
-            shares = "an epilogue's tiles over dead ones" if shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
+            shares = "tiles over dead ones, as tilelang's planner packs them" if shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
             return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block ({shares})"
         return None
 

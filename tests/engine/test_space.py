@@ -331,20 +331,35 @@ def test_an_epilogue_tile_shares_a_dead_pipeline_tile(data_dir, uncached):
 
 def test_shared_order_on_hand_written_roles():
     """Loaders, the one computing role, storers; nothing else is a safe reading order."""
-    load = SharedUse(writes=frozenset({"A", "B"}), loops=frozenset({"A", "B"}))
-    compute = SharedUse(reads=frozenset({"A", "B"}), writes=frozenset({"C"}), loops=frozenset({"A", "B"}), late=frozenset({"C"}), epilogue=frozenset({"C"}))
-    store = SharedUse(reads=frozenset({"C"}))
+    ab = frozenset({"A", "B"})
+    load = SharedUse(writes=ab, steps=((ab, True),))
+    compute = SharedUse(reads=ab, writes=frozenset({"C"}), steps=((ab, True), (frozenset({"C"}), False)))
+    store = SharedUse(reads=frozenset({"C"}), steps=((frozenset({"C"}), False),))
     idle = SharedUse()
     assert shared_order({"Store": store, "Idle": idle, "Consumer": compute, "Producer": load}) == ("Producer", "Consumer", "Store", "Idle")
     assert shared_order({"Consumer": compute, "Producer": load, "Other": compute}) is None  # two computing roles run at once
     assert shared_order({"Consumer": compute, "Producer": load, "Store": SharedUse(reads=frozenset({"A"}))}) is None  # a storer of a loaded tile
     assert shared_order({"Consumer": compute, "Producer": SharedUse(writes=frozenset({"A", "D"}))}) is None  # a tile nobody computes with
+
+
+def test_shared_bytes_packs_as_tilelangs_planner():
+    """An epilogue's tile over the loop's tiles once they are dead, adjacent ones joined;
+    nothing shared where no reading order is safe, nor with a tile still live."""
+    ab, c = frozenset({"A", "B"}), frozenset({"C"})
+    load = SharedUse(writes=ab, steps=((ab, True),))
+    compute = SharedUse(reads=ab, writes=c, steps=((ab, True), (c, False)))
     sizes = {"A": 48 * 1024, "B": 96 * 1024, "C": 64 * 1024}
     assert shared_bytes(sizes, {"Producer": load, "Consumer": compute}) == 144 * 1024  # C in B's space
     assert shared_bytes(sizes, {"Producer": load, "Consumer": compute, "Other": compute}) == 208 * 1024
-    assert shared_bytes({**sizes, "C": 128 * 1024}, {"Producer": load, "Consumer": compute}) == 272 * 1024  # no dead tile holds it
-    loaded_late = replace(load, writes=frozenset({"A", "B", "C"}))
-    assert shared_bytes(sizes, {"Producer": loaded_late, "Consumer": replace(compute, reads=frozenset({"A", "B", "C"}))}) == 208 * 1024
+    # Larger than either dead tile: A and B lie side by side, and C takes both (as gqa_bwd's
+    # epilogue tiles do: run on the CPU, the planner gave 138 KB where one tile each gave 169).
+    assert shared_bytes({**sizes, "C": 128 * 1024}, {"Producer": load, "Consumer": compute}) == 144 * 1024
+    assert shared_bytes({**sizes, "C": 160 * 1024}, {"Producer": load, "Consumer": compute}) == 160 * 1024  # the top block grows
+    # A read again after the epilogue stays live: C cannot take its space.
+    late = SharedUse(reads=ab, writes=c, steps=((ab, True), (c, False), (frozenset({"A"}), False)))
+    assert shared_bytes({**sizes, "C": 128 * 1024}, {"Producer": load, "Consumer": late}) == (144 + 128) * 1024
+    loaded_late = replace(load, writes=ab | c, steps=((ab | c, True),))
+    assert shared_bytes(sizes, {"Producer": loaded_late, "Consumer": replace(compute, reads=ab | c)}) == 208 * 1024
 
 
 def test_a_chained_split_is_what_tilelang_refuses(data_dir):
@@ -717,6 +732,11 @@ def test_a_producers_own_gather_issues_by_cp_async_or_through_registers(data_dir
         unmoved = space.lowering_candidates(other, moving=False)
         assert [c.schedule.async_copies for c in unmoved] == [()] and len(space.lowering_candidates(other)) == 2
         assert [c.hash for c in task.lowering_starts([params, other])] == [c.hash for c in starts + unmoved]
+    # A gather that scales what it copies is still the producer's load, but no cp.async can
+    # issue it (tilelang keeps such a store as it is): no decision whose two values build one kernel.
+    scaled = edited(data_dir, tmp_path, "gather_gemm.py", plain, plain.replace("k * block_K + j]", "k * block_K + j] * T.float16(2)"))
+    shape = task_of(scaled, "M=1024,N=1024,K=1024").space().shape(params)
+    assert shape.analysis.loads == ("gather_a",) and shape.asyncable(()) == ()
 
 
 def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
@@ -1180,6 +1200,31 @@ def test_a_states_store_is_taken_from_the_fragment_the_tile_holds(data_dir, tmp_
     path.write_text(late)
     with pytest.raises(compiler.NoSeed, match="storage 'b_h_shared'"):  # the fragment is scaled before this store
         compiler.prepare(task_of(path, "B=1,S=256,H=2").primfunc(params))
+
+
+def test_a_store_after_the_tile_is_written_in_the_same_trip_is_taken_from_the_fragment(data_dir, tmp_path):
+    """Gated DeltaNet's backward writes its state gradient's tile from the fragment at the top of
+    each trip, stores it to dh, and reads it in K @ dh (and so dv2's tile: written, stored, read
+    by W^T @ dv2). The tile holds the fragment's values at each store, so both are taken from
+    the fragments; where the fragment changes between the tile's write and its store, not."""
+    task = task_of(data_dir / "gdn_delta_bwd.py", "B=1,S=512,H=2")
+    params = {"block_DV": 32, "num_stages": 1, "threads": 128}
+    func = task.primfunc(params)
+    assert any("storage 'b_dh_shared'" in r for r in role_based_skips(func))  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    text = prepared.script()
+    assert "T.region(b_dh_fragment[0, 0], 1, 128, 32), T.region(dh[" in text and "T.region(dv_fragment[0, 0], 1, 64, 32), T.region(dv2[" in text
+    assert "T.region(b_dh_shared[0, 0], 1, 128, 32), T.region(dh[" not in text
+    verify_seed_and_candidates(task, prepared, seed)
+
+    write = "                T.copy(b_dh_fragment, b_dh_shared)\n"
+    source = (data_dir / "gdn_delta_bwd.py").read_text()
+    assert write in source
+    path = tmp_path / "gdn_delta_bwd_scaled.py"
+    path.write_text(source.replace(write, write + "                for i_k, i_v in T.Parallel(DK, block_DV):\n                    b_dh_fragment[i_k, i_v] *= 2\n"))
+    with pytest.raises(compiler.NoSeed, match="storage 'b_dh_shared'"):  # the fragment no longer holds the tile's values
+        compiler.prepare(task_of(path, "B=1,S=512,H=2").primfunc(params))
 
 
 def test_a_kernel_that_opts_out_of_register_budgets_gets_none(data_dir, tmp_path):

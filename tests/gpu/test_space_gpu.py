@@ -138,6 +138,10 @@ CASES = {
     "mamba_chunk_scan": (DATA / "mamba_chunk_scan.py", "batch=2,seqlen=2048", {}),
     # GQA backward with dQ, dK and dV by TMA reductions, kept with the Worker that writes their tiles.
     "gqa_bwd": (DATA / "gqa_bwd.py", "batch=2,heads=32,seq_len=1024", {"block_M": (64,), "block_N": (32,)}),
+    # Stop 42: Gated DeltaNet's backward through the recurrence (its dh and dv2 tiles written, stored and
+    # read in one trip: both stores taken from their fragments); RetNet's chunked retention (q scaled in its load).
+    "gdn_delta_bwd": (DATA / "gdn_delta_bwd.py", "B=1,S=2048,H=4", {}),
+    "retention_fwd": (DATA / "retention_fwd.py", "B=2,S=2048,H=8", {}),
 }
 
 
