@@ -329,6 +329,16 @@ def _result(task: Any, candidate: Candidate, stats: measure.KernelStats, info: d
     return TrialResult(candidate.hash, Status.OK, kw.pop("message", ""), timing=timing, tflops=tflops, info=info, **kw)
 
 
+def poison(out: Any) -> None:
+    """Fill an output so that an element the kernel forgets to write shows: NaN, or in an
+    integer tensor (an int8 GEMM's int32 C) its type's largest value, far from any result."""
+    torch = _torch()
+    if out.dtype.is_floating_point or out.dtype.is_complex:
+        out.fill_(float("nan"))
+    elif out.dtype != torch.bool:
+        out.fill_(torch.iinfo(out.dtype).max)
+
+
 def _check(task: Any, launch: Callable[[list[Any]], Any], candidate: Candidate) -> float:
     """Relative error of one run on fresh random inputs, outputs poisoned first."""
     torch = _torch()
@@ -338,7 +348,7 @@ def _check(task: Any, launch: Callable[[list[Any]], Any], candidate: Candidate) 
         got = [o.float() for o in launch(args)]
     else:
         for out in outputs:
-            out.fill_(float("nan"))  # an element the kernel forgets to write stays NaN
+            poison(out)
         _sync_or_raise(lambda: launch(args))
         got = [o.float() for o in outputs]
     expected = [e.float() for e in task.spec.reference(task.problem, args)]

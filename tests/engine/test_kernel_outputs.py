@@ -60,3 +60,17 @@ def test_outputs_that_name_an_input_are_one_line_and_exit_2(tmp_path, data_dir):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip() == "error: sink_no_outputs.py: OUTPUTS [-1] names Sinks, which the kernel never writes"
     assert load_kernel(data_dir / "sink_attn.py").outputs == (3,)
+
+
+def test_every_output_type_is_poisoned_before_the_check():
+    """The correctness check fills outputs first, so that an element the kernel forgets to
+    write shows: NaN where the type has one, else the integer type's largest value (an
+    int8 GEMM's int32 C; filling it with NaN raised, and every BitNet candidate, its seed
+    included, failed at launch on the H200, run 36)."""
+    from ws_tuner.gpu import poison
+
+    floats, ints, small = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int8)
+    for out in (floats, ints, small):
+        poison(out)
+    assert torch.isnan(floats).all()
+    assert (ints == 2**31 - 1).all() and (small == 127).all()
