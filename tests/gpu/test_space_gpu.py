@@ -142,6 +142,10 @@ CASES = {
     # read in one trip: both stores taken from their fragments); RetNet's chunked retention (q scaled in its load).
     "gdn_delta_bwd": (DATA / "gdn_delta_bwd.py", "B=1,S=2048,H=4", {}),
     "retention_fwd": (DATA / "retention_fwd.py", "B=2,S=2048,H=8", {}),
+    # Attention with a sink, backward (four launches; dQ by atomics into a layout of its own); NSA decoding
+    # (selected key blocks read by index under a guard; 64 query heads per KV head: a warpgroup's rows).
+    "sink_attn_bwd": (DATA / "sink_attn_bwd.py", "batch=1,heads=8,seq_len=1024", {}),
+    "nsa_decode": (DATA / "nsa_decode.py", "batch=8,seq_len=4096,heads=256,groups=64", {}),
 }
 
 
