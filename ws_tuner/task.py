@@ -186,7 +186,7 @@ class Task:
         names = self.recorded.vendors if self.recorded is not None else self.spec.vendor_names(self.problem)
         return [Candidate.make({"vendor": n}, None, Lowering.REFERENCE) for n in names] or [Candidate.make({}, None, Lowering.REFERENCE)]
 
-    def lowering_starts(self, points: Iterable[ParamsKey]) -> list[Candidate]:
+    def lowering_starts(self, points: Iterable[ParamsKey], *, default_wrong: frozenset[ParamsKey] = frozenset()) -> list[Candidate]:
         """The schedule shaped as tilelang's default warp specialization
         (``ScheduleSpace.lowering_candidates``), where the space holds it, and tilelang's
         default lowering of the kernel as ws-tune rewrites it, where that differs from the
@@ -197,13 +197,16 @@ class Task:
         start gets every layout, packing and move; the others every layout and packing
         with nothing moved. The moves multiply the starts (chunked linear attention: 4
         structures, 12 starts a point) and pay where the seed runs best (H200 runs 33-35: the best start
-        was at the seed's fastest point or, where elsewhere, a structure without moves)."""
+        was at the seed's fastest point or, where elsewhere, a structure without moves).
+        The rewritten kernel is not tried at ``default_wrong``, the points where tilelang's
+        default lowering of the kernel as written was WRONG: it goes through the same
+        pipeline planner (Gated DeltaNet's backward past 0 stages, H200 run 36: both WRONG)."""
         space, out, lead = self.space(), [], True
         for params in points:
             starts = space.lowering_candidates(params, moving=lead)
             lead = lead and not starts
             out += starts
-            if not self.spec.needs_schedule(dict(params)) and self._rewritten(params):
+            if not self.spec.needs_schedule(dict(params)) and params not in default_wrong and self._rewritten(params):
                 out.append(Candidate.make(dict(params), None, Lowering.REWRITTEN))
         return list({c.hash: c for c in out}.values())  # points that share a seed may share a start
 

@@ -212,7 +212,9 @@ def lowering_starts_after(task: Task, records: Iterable[TrialRecord], *, timed: 
     """The lowering starts (Task.lowering_starts) once the seed schedule's baselines are in
     ``records``: at its fastest measured points (pipeline.start_points), for the CLI's
     tuner and the service's workers alike."""
-    return task.lowering_starts(start_points(records, task.seed_points(task.measured_points(timed=timed))))
+    records = list(records)
+    wrong = frozenset(r.candidate.params for r in records if r.candidate.lowering is Lowering.DEFAULT and r.result.status is Status.WRONG)
+    return task.lowering_starts(start_points(records, task.seed_points(task.measured_points(timed=timed))), default_wrong=wrong)
 
 
 def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k: int = 3) -> list[Candidate]:

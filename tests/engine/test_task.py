@@ -109,6 +109,23 @@ def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_chan
     assert not [c for c in gemm.lowering_starts(gemm.measured_points(timed=True)) if c.lowering is Lowering.REWRITTEN]
 
 
+def test_no_rewritten_start_where_tilelangs_default_lowering_was_wrong(data_dir):
+    """The rewritten kernel goes through tilelang's default pipeline planner as the kernel
+    does: where the default lowering at a point was WRONG (Gated DeltaNet's backward past 0
+    stages, H200 run 36: the rewritten start WRONG at each such point too), it is not tried."""
+    from ws_tuner.candidate import Candidate, Lowering
+    from ws_tuner.pipeline import BASELINE, TrialRecord
+    from ws_tuner.result import Status, TrialResult
+    from ws_tuner.tune import lowering_starts_after
+
+    task = Task.isolated(str(data_dir / "block_causal_attn.py"), "batch=1,heads=2,seq=1024,dim=64", "num_stages=2")
+    points = task.measured_points(timed=True)
+    wrong = Candidate.make(dict(points[0]), None, Lowering.DEFAULT)
+    records = [TrialRecord(wrong, TrialResult(wrong.hash, Status.WRONG, "relative error nan >= 0.01"), BASELINE)]
+    rewritten = [c.params for c in lowering_starts_after(task, records, timed=True) if c.lowering is Lowering.REWRITTEN]
+    assert rewritten == list(points[1:])
+
+
 def test_the_anchor_is_a_seed_the_static_rules_keep(data_dir):
     """Every ratio is measured against the anchor. DeepSeek-V4's sparse attention at its first
     point (32-key blocks, 128 threads) has a seed whose accumulators spill; the anchor is the
