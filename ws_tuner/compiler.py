@@ -569,6 +569,10 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
+    try:  # role_based may schedule what MaterializeWSSchedule refuses: then every candidate is refused
+        verify(prepared)
+    except ScheduleRejected as exc:
+        raise NoSeed(f"MaterializeWSSchedule rejects tilelang's role_based schedule: {exc}") from exc
     return _unbudgeted(prepared, _safe(prepared, seed))
 
 
@@ -786,6 +790,32 @@ def _join_regions(cond: Any, a: Any, b: Any) -> Any | None:
         return None
     indices = [i if tvm.ir.structural_equal(i, j) else tvm.tirx.if_then_else(cond, i, j) for i, j in zip(start_a.indices, start_b.indices)]
     return tvm.tirx.Call(a.dtype, a.op, [tvm.tirx.BufferLoad(start_a.buffer, indices), *a.args[1:]], a.span)
+
+
+# A scalar bound inside an ``if`` from index arithmetic (KDA's intra-chunk backward:
+# ``if i_i < NC - 1: chunk_last_idx = T.min(S, i_ti + BC) - 1``, then a copy at that row) is
+# a definition under a guard, which MaterializeWSSchedule refuses to let any other op use:
+# role_based scheduled it, and every schedule was rejected. It reads no buffer, so its uses
+# take the expression itself, as a user could write it; a bind that reads memory stays.
+def _inline_guarded_binds(func: Any) -> Any:
+    def inline(seq: Any) -> Any:
+        out, values = [], {}
+        for stmt in seq.seq:
+            stmt = stmt_functor.substitute(stmt, values) if values else stmt
+            if isinstance(stmt, tvm.tirx.Bind) and not _nodes(stmt.value, lambda n: isinstance(n, tvm.tirx.BufferLoad)):
+                values[stmt.var] = stmt.value
+            else:
+                out.append(stmt)
+        return None if not values else out[0] if len(out) == 1 else tvm.tirx.SeqStmt(out)
+
+    def branches(node: Any) -> Any:
+        then = stmt_functor.ir_transform(node.then_case, None, inline, ["tirx.SeqStmt"])
+        other = None if node.else_case is None else stmt_functor.ir_transform(node.else_case, None, inline, ["tirx.SeqStmt"])
+        if then.same_as(node.then_case) and (other is None or other.same_as(node.else_case)):
+            return None
+        return tvm.tirx.IfThenElse(node.condition, then, other)
+
+    return func.with_body(stmt_functor.ir_transform(func.body, branches, None, ["tirx.IfThenElse"]))
 
 
 # A scan that picks values under a condition (a grouped GEMM finds its group: ``if bx * bm >=
@@ -1244,7 +1274,7 @@ def _reread(stmt: Any, buf: Any, src: Any) -> Any:
 # through shared memory, reused buffers split, a choice of two tiles as one copy, else
 # branches as guards, local variables picked under a guard as selects, global reads into
 # local variables bound first, atomics as stand-ins.
-_FOR_ROLE_BASED = (_drop_empty_loops, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _unguard_local_stores, _bind_global_reads, _stand_in_atomics)
+_FOR_ROLE_BASED = (_drop_empty_loops, _inline_guarded_binds, _unstage_inputs, _stage_operands, _split_reuse, _join_branch_copies, _split_else, _unguard_local_stores, _bind_global_reads, _stand_in_atomics)
 
 
 # Those of them that change how the kernel moves data serve tilelang's default lowering as

@@ -1227,6 +1227,27 @@ def test_a_store_after_the_tile_is_written_in_the_same_trip_is_taken_from_the_fr
         compiler.prepare(task_of(path, "B=1,S=512,H=2").primfunc(params))
 
 
+def test_a_scalar_bound_under_a_guard_is_inlined_and_a_seed_the_verifier_refuses_is_none(data_dir, monkeypatch):
+    """KDA's intra-chunk backward binds ``chunk_last_idx = T.min(S, i_ti + BC) - 1`` inside an
+    ``if`` and copies a row at it: a definition under a guard, which MaterializeWSSchedule
+    lets no other op use. role_based scheduled it anyway, so every candidate, the seed
+    included, was rejected while ``ws-tune space`` counted 893,058. The bind reads no memory:
+    its uses take the expression, and the seed verifies. A seed the verifier refuses is no
+    seed, with the verifier's reason."""
+    task = task_of(data_dir / "large" / "kda_bwd_intra.py", "B=1,S=1024,H=2")
+    params = {"block_BC": 16, "num_stages": 1, "threads": 128}
+    func = task.primfunc(params)
+    assert "chunk_last_idx" in func.script()  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    assert "chunk_last_idx" not in prepared.script()
+    verify_seed_and_candidates(task, prepared, seed)
+
+    monkeypatch.setattr(compiler, "_FOR_ROLE_BASED", tuple(r for r in compiler._FOR_ROLE_BASED if r is not compiler._inline_guarded_binds))
+    with pytest.raises(compiler.NoSeed, match="MaterializeWSSchedule rejects tilelang's role_based schedule: .*chunk_last_idx.* under a source guard"):
+        compiler.prepare(func)
+
+
 def test_a_kernel_that_opts_out_of_register_budgets_gets_none(data_dir, tmp_path):
     """Mamba-2's chunk scan calls T.no_set_max_nreg(), which tilelang's default lowering
     honours and role_based does not (it gives its roles 136 and 24). Its seed, and every

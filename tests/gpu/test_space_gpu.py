@@ -146,6 +146,10 @@ CASES = {
     # (selected key blocks read by index under a guard; 64 query heads per KV head: a warpgroup's rows).
     "sink_attn_bwd": (DATA / "sink_attn_bwd.py", "batch=1,heads=8,seq_len=1024", {}),
     "nsa_decode": (DATA / "nsa_decode.py", "batch=8,seq_len=4096,heads=256,groups=64", {}),
+    # SeerAttention's block-sparse attention (loads and MMAs of a key block under its mask bit); KDA's
+    # intra-chunk backward (index arithmetic bound under an if, inlined: MaterializeWSSchedule refused it).
+    "seer_attn": (DATA / "seer_attn.py", "batch=1,heads=8,seq_q=2048,seq_kv=2048,dim=128,topk=8", {}),
+    "kda_bwd_intra": (DATA / "large" / "kda_bwd_intra.py", "B=1,S=2048,H=4", {"block_BC": (16,), "threads": (128,)}),
 }
 
 
