@@ -475,20 +475,13 @@ def _access(stmt: Any, allocated: dict[Any, str], bound: dict[Any, str]) -> OpAc
 def _copies_global(stmt: Any) -> bool:
     """Whether a loop nest stores an element of global memory into shared memory as it is
     (or zero where a condition fails): the store InjectPTXAsyncCopy makes a cp.async of."""
-    found: list[bool] = []
-
     def loaded(value: Any) -> Any:
         if isinstance(value, tvm.tirx.Call) and getattr(value.op, "name", "") == "tirx.if_then_else" and _is_zero(value.args[2]):
             return loaded(value.args[1])
         return value if isinstance(value, tvm.tirx.BufferLoad) else None
 
-    def visit(node: Any) -> None:
-        if isinstance(node, tvm.tirx.BufferStore) and node.buffer.scope().startswith("shared"):
-            load = loaded(node.value)
-            found.append(load is not None and load.buffer.scope() == "global" and load.buffer.dtype == node.buffer.dtype)
-
-    stmt_functor.post_order_visit(stmt, visit)
-    return any(found)
+    stores = _nodes(stmt, lambda n: isinstance(n, tvm.tirx.BufferStore) and n.buffer.scope().startswith("shared"))
+    return any((load := loaded(n.value)) is not None and load.buffer.scope() == "global" and load.buffer.dtype == n.buffer.dtype for n in stores)
 
 
 def _is_zero(value: Any) -> bool:
@@ -802,7 +795,7 @@ def _inline_guarded_binds(func: Any) -> Any:
         out, values = [], {}
         for stmt in seq.seq:
             stmt = stmt_functor.substitute(stmt, values) if values else stmt
-            if isinstance(stmt, tvm.tirx.Bind) and not _nodes(stmt.value, lambda n: isinstance(n, tvm.tirx.BufferLoad)):
+            if isinstance(stmt, tvm.tirx.Bind) and not _loads(stmt.value):
                 values[stmt.var] = stmt.value
             else:
                 out.append(stmt)

@@ -342,6 +342,13 @@ def _linear_scan(intervals: list[tuple[int, int, int, str]]) -> int:
                 joined.append(block)
         free[:] = joined
 
+    def aligned(offset: int, align: int) -> int:
+        """The first offset from ``offset`` a buffer of that alignment may take; the gap before it is freed."""
+        at = offset + (-offset % align)
+        if at > offset:
+            release(offset, at - offset)
+        return at
+
     for start, end, size, _ in sorted(intervals, key=lambda i: (i[0], -i[2], i[3])):
         for done in sorted(x for x in live if x[0] <= start):
             live.remove(done)
@@ -350,21 +357,14 @@ def _linear_scan(intervals: list[tuple[int, int, int, str]]) -> int:
         fits = [(b[1] - size, n) for n, b in enumerate(free) if b[1] - (-b[0] % align) >= size]
         if fits:
             block = free.pop(min(fits)[1])
-            offset = block[0] + (-block[0] % align)
-            if offset > block[0]:
-                release(block[0], offset - block[0])
+            offset = aligned(block[0], align)
             if block[0] + block[1] > offset + size:
                 release(offset + size, block[0] + block[1] - offset - size)
         elif free and sum(free[-1]) == top and free[-1][0] + (-free[-1][0] % align) < top:
-            block = free.pop()
-            offset = block[0] + (-block[0] % align)
-            if offset > block[0]:
-                release(block[0], offset - block[0])
+            offset = aligned(free.pop()[0], align)  # the free block at the top grows
             top = offset + size
         else:
-            offset = top + (-top % align)
-            if offset > top:
-                release(top, offset - top)
+            offset = aligned(top, align)
             top = offset + size
         live.append((end, offset, size))
     return top

@@ -54,6 +54,11 @@ from .variant import Plan, Variants
 # kernel file has more than 5), one depth serves every pipeline of the plan.
 MAX_VARIED_DEPTHS = 6
 
+
+def _one_depth(plan: Plan) -> bool:
+    """Whether one depth decision serves every varied pipeline of the plan (past ``MAX_VARIED_DEPTHS``)."""
+    return len(plan.varied) > MAX_VARIED_DEPTHS
+
 __all__ = ["MERGED", "SEED", "SEPARATE", "Point", "PointInfo", "ScheduleSpace", "SeedShape", "SpaceConfig", "SpaceCount", "Split", "register_reason"]
 
 BARRIER_BYTES = 16  # a full and an empty mbarrier per version
@@ -432,7 +437,7 @@ class ScheduleSpace:
         """Depth, stage and budget decisions of a point, by name."""
         assert not isinstance(shape, str)
         plan = shape.plan(point.layout, point.moved)
-        out: dict[str, Any] = {"depth": point.depths[0]} if len(plan.varied) > MAX_VARIED_DEPTHS else {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
+        out: dict[str, Any] = {"depth": point.depths[0]} if _one_depth(plan) else {f"depth.{p}": d for p, d in zip(plan.varied, point.depths)}
         out.update({shape.nreg_decision(r, plan)[0]: n for r, n in zip(plan.roles, point.nregs)})
         stages = iter(point.stages)
         for choice in plan.stage_choices:
@@ -449,7 +454,7 @@ class ScheduleSpace:
         """The depths of the plan's varied pipelines: every combination, or one depth for all
         beyond ``MAX_VARIED_DEPTHS`` of them."""
         n, depths = len(plan.varied), self.config.depths
-        if n <= MAX_VARIED_DEPTHS:
+        if not _one_depth(plan):
             return tuple(itertools.product(depths, repeat=n))
         self._notes.add(f"pipeline depths: one for all {n} pipelines of a plan (over {MAX_VARIED_DEPTHS}: {len(depths)}^{n} sets)")
         return tuple((d,) * n for d in depths)
@@ -464,7 +469,7 @@ class ScheduleSpace:
         layout = shape.analysis.layout_alias[choose("pipelines", shape.layout_labels())]
         plans = [shape.plan(lo, mv) for lo in shape.layouts() for mv, _ in shape.move_choices()] if every else [shape.plan(layout, moved)]
         for plan in plans:
-            if len(plan.varied) > MAX_VARIED_DEPTHS:
+            if _one_depth(plan):
                 depths = (choose("depth", c.depths),) * len(plan.varied)
             else:
                 depths = tuple(choose(f"depth.{p}", c.depths) for p in plan.varied)
