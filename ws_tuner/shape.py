@@ -14,6 +14,7 @@ two coincide), so a sampler sees one choice list per decision name.
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
@@ -140,29 +141,29 @@ class Point:
 
 @dataclass
 class SpaceCount:
-    total: int = 0
-    kept: int = 0
+    total: float = 0  # fractional while counting a sample, whole points once scaled()
+    kept: float = 0
     pruned: Counter = field(default_factory=Counter)  # reason kind -> count
     examples: dict[str, str] = field(default_factory=dict)  # reason kind -> one full message
     params_counted: int = 0  # kernel-parameter points counted ...
     params_total: int = 0  # ... of the grid's (fewer: an estimate, scaled to the grid)
+    stages_sampled: int = 0  # plans whose stage choices were counted at a sample, scaled
 
-    def prune(self, reason: str, n: int = 1) -> None:
+    def prune(self, reason: str, n: float = 1) -> None:
         kind = reason.split(":", 1)[0]
         self.pruned[kind] += n
         self.examples.setdefault(kind, reason)
 
     @property
     def estimated(self) -> bool:
-        return self.params_counted < self.params_total
+        return self.params_counted < self.params_total or self.stages_sampled > 0
 
     def scaled(self) -> SpaceCount:
-        """The counts of a sample of the grid's kernel-parameter points, scaled to all of them."""
-        if not self.estimated or not self.params_counted:
-            return self
-        f = self.params_total / self.params_counted
+        """The counts of a sample of the grid's kernel-parameter points, scaled to all of
+        them, in whole points."""
+        f = self.params_total / self.params_counted if self.params_counted else 1
         pruned = Counter({kind: round(n * f) for kind, n in self.pruned.items()})
-        return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, self.params_counted, self.params_total)
+        return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, self.params_counted, self.params_total, self.stages_sampled)
 
 
 class SeedShape:
@@ -395,6 +396,19 @@ class SeedShape:
         """Every decided group's stage, over the choices of each body that keep the seed's dependences."""
         for combo in itertools.product(*(c.options for c in plan.stage_choices)):
             yield tuple(itertools.chain.from_iterable(combo))
+
+    @staticmethod
+    def stage_count(plan: Plan) -> int:
+        return math.prod(len(c.options) for c in plan.stage_choices)
+
+    @staticmethod
+    def stage_choice(plan: Plan, index: int) -> tuple[int, ...]:
+        """The ``index``-th of ``stage_choices(plan)``, without walking to it."""
+        combo = []
+        for choice in reversed(plan.stage_choices):
+            index, at = divmod(index, len(choice.options))
+            combo.append(choice.options[at])
+        return tuple(itertools.chain.from_iterable(reversed(combo)))
 
     def schedule(self, point: Point) -> Schedule | str:
         point = self.canonical(point)

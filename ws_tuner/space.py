@@ -53,6 +53,10 @@ from .variant import Plan, Variants
 # million of them per layout, and `ws-tune space` did not finish. Beyond this many (no
 # kernel file has more than 5), one depth serves every pipeline of the plan.
 MAX_VARIED_DEPTHS = 6
+# A plan's stage choices are the product of each loop body's: KDA's intra-chunk backward
+# has 54,860 per plan, each a deadlock check of ~2 ms, and counting its space took over an
+# hour. A count walks this many of them, drawn at random, where a plan has more.
+STAGE_SAMPLE = 256
 
 
 def _one_depth(plan: Plan) -> bool:
@@ -158,26 +162,31 @@ class ScheduleSpace:
     def walk(self, count: SpaceCount | None = None) -> Iterator[tuple[Point, SeedShape]]:
         """Every surviving point; pruned ones are tallied into ``count``."""
         count = count if count is not None else SpaceCount()
-        for params, shape, plan, asynchronous, depths, stages, survivors in self._structures(count, self.param_points()):
+        for params, shape, plan, asynchronous, depths, stages, survivors, _ in self._structures(count, self.param_points()):
             for label, nregs in survivors:
                 yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved, asynchronous), shape
 
-    def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0) -> SpaceCount:
+    def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0, stages: int | None = STAGE_SAMPLE) -> SpaceCount:
         """Sizes before and after pruning; register budgets are counted, not enumerated.
         ``tick(total, kept)`` hears the running counts (a count can take a minute).
         ``sample``: count only that many kernel-parameter points, drawn at random, and
         scale to the whole grid (an estimate, ``estimated``): deriving the seed of every
-        point of a large grid takes minutes (each is a tilelang PrimFunc)."""
+        point of a large grid takes minutes (each is a tilelang PrimFunc). ``stages``:
+        where a structure has more stage choices than that, count a random sample of
+        them and scale (None: every one)."""
         chosen = self.param_sample(sample, seed)
         count = SpaceCount(params_counted=len(chosen), params_total=sum(1 for _ in self.param_points()))
-        for *_, survivors in self._structures(count, chosen):
-            count.kept += len(survivors)
+        rng = random.Random(seed)
+        for *_, survivors, weight in self._structures(count, chosen, stages, rng):
+            count.kept += len(survivors) * weight
             if tick is not None:
-                tick(count.total, count.kept)
+                tick(round(count.total), round(count.kept))
         return count.scaled()
 
-    def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey]) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]]]]:
-        """Everything but warp ranges and budgets, each with its surviving (split, nregs)."""
+    def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey], stage_sample: int | None = None, rng: random.Random | None = None) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]], float]]:
+        """Everything but warp ranges and budgets, each with its surviving (split, nregs)
+        and the weight it counts with: 1, or, where only a sample of ``stage_sample`` of a
+        plan's stage choices is walked, the choices each stands for."""
         pruned_params: list[str] = []
         reference: SeedShape | None = None
         for params in grid:
@@ -196,32 +205,37 @@ class ScheduleSpace:
                 for layout in shape.layouts():
                     plan = shape.plan(layout, moved)
                     depth_sets = self._depth_sets(plan)
+                    n_stages = shape.stage_count(plan)
+                    count.total += n_stages * len(depth_sets) * below
                     if plan.infeasible:  # no stages of some body keep the seed's dependences
-                        count.total += len(depth_sets) * below
-                        count.prune(plan.infeasible, len(depth_sets) * below)
+                        count.prune(plan.infeasible, n_stages * len(depth_sets) * below)
                         continue
-                    stage_sets = tuple(shape.stage_choices(plan))
                     fitting = []  # depths within shared memory; the rest are pruned under every stage choice
                     for depths in depth_sets:
                         reason = self._depths_reason(shape, plan, depths)
                         if reason:
-                            count.prune(reason, below * len(stage_sets))
+                            count.prune(reason, below * n_stages)
                         else:
                             fitting.append(depths)
+                    if stage_sample is not None and n_stages > stage_sample:
+                        count.stages_sampled += 1
+                        picked = sorted((rng or random.Random()).sample(range(n_stages), stage_sample))
+                        stage_sets, weight = [shape.stage_choice(plan, i) for i in picked], n_stages / stage_sample
+                    else:
+                        stage_sets, weight = list(shape.stage_choices(plan)), 1.0
                     for stages in stage_sets:
-                        count.total += len(depth_sets) * below
                         reason = self._order_reason(shape, plan, stages)
                         if reason:
-                            count.prune(reason, len(fitting) * below)
+                            count.prune(reason, len(fitting) * below * weight)
                             continue
                         for depths in fitting:
                             reason = shape.variants.deadlock(plan, stages, depths)
                             if reason:
-                                count.prune(reason, below)
+                                count.prune(reason, below * weight)
                                 continue
                             for kind, n in survivors[1].items():
-                                count.prune(survivors[2][kind], n)
-                            yield params, shape, plan, asynchronous, depths, stages, survivors[0]
+                                count.prune(survivors[2][kind], n * weight)
+                            yield params, shape, plan, asynchronous, depths, stages, survivors[0], weight
         # A pruned kernel-parameter point hides the whole schedule space under it.
         under = self._points_under(reference) if reference else 1
         for reason in pruned_params:
@@ -265,7 +279,7 @@ class ScheduleSpace:
             per_structure = len(shape.splits) * len(list(self._nreg_choices(shape, shape.plan(shape.layouts()[0], moved))))
             for layout in shape.layouts():
                 plan = shape.plan(layout, moved)
-                n += len(self._depth_sets(plan)) * len(tuple(shape.stage_choices(plan))) * per_structure
+                n += len(self._depth_sets(plan)) * shape.stage_count(plan) * per_structure
         return n
 
     def candidates(self) -> Iterator[Candidate]:

@@ -122,6 +122,24 @@ def test_a_sampled_count_is_an_estimate_scaled_to_the_grid(space, count):
     assert (again.total, again.kept) == (part.total, part.kept)  # the same draw for the same seed
 
 
+def test_a_count_of_many_stage_choices_samples_them(seeds):
+    """A plan's stage choices are a product over its loop bodies (54,860 for KDA's
+    intra-chunk backward); a count checks a random sample of them and scales."""
+    space = seeds["flash_fwd.py"].space()
+    exact = space.count(stages=None)
+    assert (exact.estimated, exact.stages_sampled) == (False, 0)
+    most = max(shape.stage_count(shape.plan(layout, moved)) for params in space.param_points() if not isinstance(shape := space.shape(params), str)
+               for moved, _ in shape.move_choices() for layout in shape.layouts())  # fmt: skip
+    assert most > 3
+    assert (space.count(stages=most).kept, space.count(stages=most).estimated) == (exact.kept, False)
+    part = space.count(stages=3, seed=1)
+    assert part.estimated and part.stages_sampled > 0
+    assert part.total == exact.total  # the sizes before pruning are products, never sampled
+    assert part.kept != exact.kept and 0.5 * exact.kept <= part.kept <= 2 * exact.kept
+    assert abs(sum(part.pruned.values()) - (part.total - part.kept)) <= len(part.pruned)  # rounding
+    assert space.count(stages=3, seed=1).kept == part.kept  # the same draw for the same seed
+
+
 def test_all_axes_vary(gemm_spec):
     # M=3072 admits block_M=192, the one tile three consumer warpgroups can split.
     grid = {**gemm_spec.params, "mma": ("sync",), "consumers": ("cooperative",), "swizzle": (8,)}

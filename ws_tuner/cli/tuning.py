@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..pipeline import BASELINE_KINDS
+from ..space import STAGE_SAMPLE
 from .common import (
     DbOpt,
     ParamOpt,
@@ -186,7 +187,7 @@ SPACE_SAMPLE = 48
 @handles_errors
 def space(
     file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt,
-    sample: int = typer.Option(SPACE_SAMPLE, "--sample", help="Count at N kernel-parameter points drawn at random and scale to the grid; 0 counts every point"),
+    sample: int = typer.Option(SPACE_SAMPLE, "--sample", help=f"Count at N kernel-parameter points drawn at random, and at {STAGE_SAMPLE} stage choices where a plan has more, and scale; 0 counts every point"),
 ) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
     import time
@@ -197,7 +198,7 @@ def space(
     sp = task.space()
     start = time.perf_counter()
     with counting(err, "counting the space") as tick:
-        count = sp.count(tick, sample=sample or None)
+        count = sp.count(tick, sample=sample or None, stages=STAGE_SAMPLE if sample else None)
     elapsed = time.perf_counter() - start
     seen = f" (decisions of the seeds at the {count.params_counted} points counted)" if count.estimated else ""
     axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}{seen}")
@@ -214,8 +215,10 @@ def space(
         pruned.add_row(kind, str(n), count.examples[kind])
     out.print(pruned)
     if count.estimated:
-        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after, estimated at {count.params_counted} of the "
-                  f"{count.params_total} kernel-parameter points ({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
+        basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points"] * (count.params_counted < count.params_total)
+        basis += [f"{STAGE_SAMPLE} random stage choices of each of {count.stages_sampled} plans with more"] * bool(count.stages_sampled)
+        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after, estimated at {' and '.join(basis)} "
+                  f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     _print_limits(sp)
