@@ -226,9 +226,13 @@ class Task:
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
         """Where the baselines are measured, and the lowering starts chosen from
         (``pipeline.start_points``): every point the kernel serves, or, compile-only (that
-        they build is all it shows), the first."""
-        points = self.space().served_points()
-        return points if timed else points[:1]
+        they build is all it shows), the first with a seed schedule (NSA's backward has
+        none at its first, 32 threads: its seed went unbuilt), else the first."""
+        space = self.space()
+        points = space.served_points()
+        if timed or not points:
+            return points
+        return [next((p for p in points if isinstance(space.seed_candidate(p), Candidate)), points[0])]
 
     def baselines_at(self, points: Iterable[ParamsKey], *, timed: bool) -> list[Candidate]:
         """``baselines`` at each point, the seed schedules first (the lowering starts wait

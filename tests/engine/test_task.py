@@ -126,6 +126,20 @@ def test_no_rewritten_start_where_tilelangs_default_lowering_was_wrong(data_dir)
     assert rewritten == list(points[1:])
 
 
+def test_compile_only_builds_the_baselines_where_there_is_a_seed(data_dir):
+    """Compile-only builds one point's baselines: NSA's backward has no seed at its first
+    point (32 threads: role_based wants whole warpgroups), so the first with one is taken,
+    and its seed schedule is built with tilelang's lowerings."""
+    from ws_tuner.candidate import Lowering
+
+    task = Task.isolated(str(data_dir / "nsa_bwd.py"), "batch=1,seq_len=1024", "num_stages=0")
+    served = task.space().served_points()
+    assert dict(served[0])["threads"] == 32 and isinstance(task.space().seed_candidate(served[0]), str)
+    (point,) = task.measured_points(timed=False)
+    assert dict(point)["threads"] == 128
+    assert Lowering.WS in {c.lowering for c in task.baselines_at([point], timed=False)}
+
+
 def test_the_anchor_is_a_seed_the_static_rules_keep(data_dir):
     """Every ratio is measured against the anchor. DeepSeek-V4's sparse attention at its first
     point (32-key blocks, 128 threads) has a seed whose accumulators spill; the anchor is the

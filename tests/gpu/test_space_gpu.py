@@ -32,6 +32,9 @@ SAMPLES = int(os.environ.get("WS_TUNE_SPACE_SAMPLES", "40"))
 CASES = {
     "attention": (ROOT / "examples" / "attention.py", "B=2,H=8,S=2048,D=128", {"block_N": (128,)}),
     "attention-causal-d64": (ROOT / "examples" / "attention.py", "B=2,H=8,S=2048,D=64,causal=1", {"block_N": (128,)}),
+    # The cooperative role's warpgroups taking turns at barriers of the kernel's own (13 + its index): no
+    # candidate compiled from stop 33's renumbering of ThreadSync's barriers until stop 42.
+    "attention-alternating": (ROOT / "examples" / "attention.py", "B=2,H=8,S=2048,D=128", {"block_N": (128,), "consumers": ("alternating",)}),
     # block_K 64: at 128 the seed's 3 stages need 288 KB of shared memory and fail to launch, as they should
     # (the space's shallower candidates there fit; benchmarks/gemm_h200.py's GRID leaves it out for that).
     "gemm": (ROOT / "examples" / "gemm.py", "M=4096,N=4096,K=4096", {"block_M": (128,), "block_N": (256,), "block_K": (64,), "swizzle": (8,)}),
@@ -150,6 +153,9 @@ CASES = {
     # intra-chunk backward (index arithmetic bound under an if, inlined: MaterializeWSSchedule refused it).
     "seer_attn": (DATA / "seer_attn.py", "batch=1,heads=8,seq_q=2048,seq_kv=2048,dim=128,topk=8", {}),
     "kda_bwd_intra": (DATA / "large" / "kda_bwd_intra.py", "B=1,S=2048,H=4", {"block_BC": (16,), "threads": (128,)}),
+    # Stop 43: NSA's backward (a key block's K and V kept, every later query walked, its dQ rows added by
+    # fp16 atomics under a mask read from global memory in the loop; seeded at 128 threads only).
+    "nsa_bwd": (DATA / "nsa_bwd.py", "batch=1,seq_len=2048", {"threads": (128,)}),
 }
 
 
