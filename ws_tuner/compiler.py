@@ -32,7 +32,7 @@ from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
 from . import rules
-from .schedule import SYNC_KINDS, THREADS_PER_WARP, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
+from .schedule import SYNC_KINDS, THREADS_PER_WARP, WARPS_PER_GROUP, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
@@ -559,6 +559,8 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
     seed = own_schedule(prepared)
     if seed is None and (otherwise := _seed_otherwise(func)) is not None:
         prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
+    if seed is None and (narrow := _seed_narrow(func)) is not None:
+        prepared, seed = narrow
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
@@ -1173,6 +1175,64 @@ def _seed_otherwise(func: Any) -> _Otherwise | None:
         if own_schedule(prepared) is not None:
             return _Otherwise(new, prepared, what)
     return None
+
+
+# tilelang's role_based scheduler specializes only blocks of whole warpgroups ("worker
+# threads must be a multiple of 128 so issuer warps start a fresh warpgroup", where
+# setmaxnreg can budget them), so kernels written for 32 or 64 threads (NSA's backward as
+# its example launches it) had no seed. A schedule is op ids and warp ranges: role_based
+# schedules the kernel launched with whole warpgroups, and the kernel as written takes that
+# schedule with its Worker on its own warps and the other roles on the warps right after,
+# without register budgets (setmaxnreg is per warpgroup).
+def _seed_narrow(func: Any) -> tuple[Any, Schedule] | None:
+    threads = _launch_threads(func)
+    if threads is None or threads % THREADS_PER_WARP or (threads // THREADS_PER_WARP) % WARPS_PER_GROUP == 0:
+        return None
+    warps = threads // THREADS_PER_WARP
+    wide = -(-warps // WARPS_PER_GROUP) * WARPS_PER_GROUP
+    widened = _with_threads(func, wide * THREADS_PER_WARP)
+    try:
+        prepared, _ = _role_based(widened)
+    except NoSeed:
+        return None
+    seed = own_schedule(prepared)
+    if seed is None and (otherwise := _seed_otherwise(widened)) is not None:
+        prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
+    narrow = _narrowed(seed, wide, warps) if seed is not None else None
+    return (attach(_with_threads(prepared, threads), narrow), narrow) if narrow is not None else None
+
+
+def _narrowed(seed: Schedule, wide: int, warps: int) -> Schedule | None:
+    """``seed``, scheduled over ``wide`` worker warps, with its one worker role on the kernel's
+    ``warps`` and every other role moved down to follow them (MaterializeWSSchedule counts
+    warps in whole warpgroups: the block's last is filled with idle warps, as role_based's)."""
+    workers = [r for r in seed.roles if r.warp_lo < wide]
+    if [(r.warp_lo, r.warp_hi) for r in workers] != [(0, wide)]:
+        return None
+    shift = wide - warps
+    roles = tuple(replace(r, warp_hi=warps, max_nreg=0) if r.warp_lo < wide else replace(r, warp_lo=r.warp_lo - shift, warp_hi=r.warp_hi - shift, max_nreg=0) for r in seed.roles)
+    return seed.with_(roles=roles, num_warps=-(-max(r.warp_hi for r in roles) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
+
+
+def _launch_threads(func: Any) -> int | None:
+    """The block's threads where it launches them along x alone (``T.Kernel(..., threads=n)``)."""
+    block = _annotated_block(func)
+    launch = [int(n) for n in block.annotations.get("tl.launch_threads", [])] if block is not None else []
+    return launch[0] if len(launch) == 3 and launch[1:] == [1, 1] else None
+
+
+def _with_threads(func: Any, threads: int) -> Any:
+    """``func`` launched with ``threads`` threads: its block's launch annotation and, once
+    MaterializeKernelLaunch has bound them, its threadIdx.x."""
+    def launch(node: Any) -> Any:
+        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "thread_extent" and node.node.thread_tag == "threadIdx.x":
+            bound = tvm.tirx.IterVar(tvm.ir.Range(0, threads), node.node.var, node.node.iter_type, node.node.thread_tag)
+            return tvm.tirx.AttrStmt(bound, node.attr_key, tvm.tirx.IntImm("int32", threads), node.body)
+        return None
+
+    func = func.with_body(stmt_functor.ir_transform(func.body, None, launch, ["tirx.AttrStmt"]))
+    block = _annotated_block(func)
+    return _with_block(func, block, annotations={**block.annotations, "tl.launch_threads": [threads, 1, 1]})
 
 
 def _read_only_inputs(func: Any) -> set[Any]:

@@ -1116,6 +1116,34 @@ def test_a_legacy_reducer_is_seeded_as_tilelang_lowers_it(data_dir):
     assert re.search(rf"AllReduce<tl::SumOp, \d+, \d+, \d+, tl::NamedBarrier<{threads}>>", source), source
 
 
+@pytest.mark.parametrize("threads", [32, 64])
+def test_a_kernel_of_fewer_threads_than_a_warpgroup_is_seeded_on_its_own_warps(data_dir, threads):
+    """role_based specializes only whole warpgroups ("worker threads must be a multiple of
+    128"); NSA's backward, as its example launches it, has 32 threads. Its seed is role_based's
+    schedule of the kernel at 128 threads, with the Worker on the kernel's own warps and the
+    other roles right after them, unbudgeted; the kernel keeps its launch, and the seed's
+    point rebuilds the seed."""
+    task = task_of(data_dir / "nsa_bwd.py", "batch=1,seq_len=1024")
+    func = task.primfunc({"num_stages": 0, "threads": threads})
+    assert compiler._role_based(func)[1] == ["worker threads must be a multiple of 128 so issuer warps start a fresh warpgroup"]  # the premise
+
+    prepared, seed = compiler.prepare(func)
+    warps = threads // 32
+    worker, *others = sorted(seed.roles, key=lambda r: r.warp_lo)
+    assert (worker.warp_lo, worker.warp_hi) == (0, warps) and others
+    assert [r.warp_lo for r in others] == list(range(warps, warps + len(others))) and seed.num_warps == 4
+    assert all(r.max_nreg == 0 for r in seed.roles)
+    assert '"tl.launch_threads": [%d, 1, 1]' % threads in prepared.script()
+    compiler.verify(prepared)
+    space = task.space()
+    params = (("num_stages", 0), ("threads", threads))
+    assert space.seed_candidate(params).schedule == seed == space.shape(params).schedule(space.seed_point(params))
+
+    lowered, configs = compiler.lower_for(func, Lowering.WS, seed)
+    source = compiler.compile_kernel(lowered, configs).get_kernel_source()
+    assert f"if (((int)threadIdx.x) < {threads})" in source and "tl::mma_sync<" in source and "setmaxnreg" not in source
+
+
 def test_a_kernel_that_loads_only_into_registers_goes_through_shared_tiles(data_dir):
     """tilelang's online softmax copies each block of x from global memory straight into a
     fragment, in both passes: role_based finds nothing on chip to hand from a producer to

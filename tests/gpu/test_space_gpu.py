@@ -154,8 +154,12 @@ CASES = {
     "seer_attn": (DATA / "seer_attn.py", "batch=1,heads=8,seq_q=2048,seq_kv=2048,dim=128,topk=8", {}),
     "kda_bwd_intra": (DATA / "large" / "kda_bwd_intra.py", "B=1,S=2048,H=4", {"block_BC": (16,), "threads": (128,)}),
     # Stop 43: NSA's backward (a key block's K and V kept, every later query walked, its dQ rows added by
-    # fp16 atomics under a mask read from global memory in the loop; seeded at 128 threads only).
-    "nsa_bwd": (DATA / "nsa_bwd.py", "batch=1,seq_len=2048", {"threads": (128,)}),
+    # fp16 atomics under a mask read from global memory in the loop). Its example launches 32 threads:
+    # seeded there, at 64 and in NSA decoding's 16 heads on the kernel's own warps (role_based's schedule
+    # of the kernel at 128 threads, the other roles right after). KDA's inter-chunk backward (dq, dk, dw, dg).
+    "nsa_bwd": (DATA / "nsa_bwd.py", "batch=1,seq_len=2048", {}),
+    "nsa_decode-16": (DATA / "nsa_decode.py", "batch=8,seq_len=4096,heads=64,groups=16", {}),
+    "kda_bwd_dqkwg": (DATA / "kda_bwd_dqkwg.py", "B=1,S=2048,H=4", {"block_DK": (64,), "block_DV": (64,), "num_stages": (1,)}),
 }
 
 
