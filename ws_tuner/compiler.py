@@ -338,12 +338,14 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
     # So does one under a condition on the thread index (MaterializeWSSchedule leaves it the
     # block's: see rules.thread_index_reason).
     guards: dict[str, set[str]] = {}
+    conditions: dict[str, set[str]] = {}
 
     def guard(node: Any) -> None:
         if isinstance(node, tvm.tirx.IfThenElse):
             reads = _access(tvm.tirx.Evaluate(node.condition), allocated, bound).reads
             for op_id in _guarded_ops(node):
                 guards.setdefault(op_id, set()).update(reads)
+                conditions.setdefault(op_id, set()).add(str(node.condition))
 
     stmt_functor.post_order_visit(block.body, guard)
     by_thread = _thread_dependent(func)
@@ -359,7 +361,8 @@ def op_accesses(func: Any) -> dict[str, OpAccess]:
             bounds = ([body.condition] if isinstance(body, tvm.tirx.While) else [body.min, body.extent]) if loop else []
             steers = frozenset().union(*(_access(tvm.tirx.Evaluate(e), allocated, bound).reads for e in bounds))
             thread_index = bool(_referenced_vars(body) & by_thread) or op_id in by_thread_guard
-            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers, thread_index=thread_index)
+            out[op_id] = replace(acc, reads=acc.reads | guards.get(op_id, set()), loop=loop, steers=steers, thread_index=thread_index,
+                                 conditions=frozenset(conditions.get(op_id, ())))
 
     stmt_functor.post_order_visit(block.body, visit)
     # A variable that an op binds for itself alone (``idx = Indices[i]`` inside a gather's

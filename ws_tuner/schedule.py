@@ -88,7 +88,8 @@ class OpAccess:
     scalar bound from it, or by its guard. ``tma_reduce``: a tile atomic by TMA
     (``use_tma``), which stays in the role that writes its shared tile. ``global_copies``: an
     element-wise loop that stores elements of global memory into shared memory as they are
-    (or zero), which cp.async can issue (tilelang's InjectPTXAsyncCopy takes nothing else)."""
+    (or zero), which cp.async can issue (tilelang's InjectPTXAsyncCopy takes nothing else).
+    ``conditions``: the ``if`` conditions it runs under, as the kernel writes them."""
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
@@ -101,6 +102,7 @@ class OpAccess:
     thread_index: bool = False  # MaterializeWSSchedule leaves it the block's, not renumbered for the role
     tma_reduce: bool = False  # a tile atomic by TMA: MaterializeWSSchedule fences its tile only in the writer's role
     global_copies: bool = False  # elements copied global -> shared as they are: what cp.async can issue
+    conditions: frozenset[str] = frozenset()  # the ``if`` conditions it runs under, as written
 
     @property
     def touched(self) -> frozenset[str]:

@@ -215,6 +215,8 @@ class Seed:
                 frozen[p.name] = f"pipeline {p.name!r} shares a buffer with a nested pipeline"
             elif producer is None or consumer is None or self._spans(scope, producer, p.name) != 1 or self._spans(scope, consumer, p.name) != 1:
                 frozen[p.name] = f"pipeline {p.name!r} has other than one span per iteration in its producer or consumer"
+            elif (unguarded := self._read_past_a_skipped_write(p)) is not None:
+                frozen[p.name] = unguarded
         self.guarded: dict[Channel, str] = {}
         for key, pipes in self._group_channels(where, frozen).items():
             early = self._early_release(key, pipes)
@@ -245,6 +247,23 @@ class Seed:
         self.where = where
         if not self.channels:
             self.limits.append("pipeline layout, depths and stages: no pipeline of the seed synchronizes a loop")
+
+    # A write under an ``if`` that skips it leaves the buffer's previous value, which a reader
+    # outside that ``if`` still uses. With more than one version, the reader gets the version
+    # of some earlier iteration instead (role_based refuses to version such a buffer).
+    # Readers under the same condition skip with the write: NSA's and SeerAttention's loads
+    # and MMAs under one mask bit deepen soundly.
+    def _read_past_a_skipped_write(self, p: Pipeline) -> str | None:
+        ops = [(op, a) for op, a in self.accesses.items() if not a.loop and op not in self.scopes]  # a loop's ops are listed themselves
+        for buffer in p.buffers:
+            for writer, w in ops:
+                if buffer not in w.writes or not w.conditions:
+                    continue
+                reader = next((op for op, a in ops if buffer in a.reads and op != writer and not w.conditions <= a.conditions), None)
+                if reader is not None:
+                    return (f"pipeline {p.name!r}: {writer} writes {buffer!r} under a condition that {reader}, which reads it, "
+                            "is not under (a skipped write leaves the previous value, which another version would not hold)")  # fmt: skip
+        return None
 
     def _group_channels(self, where: dict[str, Channel], frozen: dict[str, str]) -> dict[Channel, tuple[Pipeline, ...]]:
         channels: dict[Channel, list[Pipeline]] = {}

@@ -1116,6 +1116,24 @@ def test_a_legacy_reducer_is_seeded_as_tilelang_lowers_it(data_dir):
     assert re.search(rf"AllReduce<tl::SumOp, \d+, \d+, \d+, tl::NamedBarrier<{threads}>>", source), source
 
 
+def test_a_buffer_read_past_a_skipped_write_keeps_its_depth(data_dir, tmp_path):
+    """A copy under an ``if`` that skips it leaves the tile's previous value for a reader
+    outside the ``if``; a second version would hand that reader an older iteration's tile
+    instead. Such a pipeline keeps the seed's depth (role_based refuses to version it at all);
+    where the reader runs under the same condition (NSA's, SeerAttention's mask bit), the
+    depths vary."""
+    copy_b, gemm = "                T.copy(B[k * block_K, bx * block_N], B_s)\n", "                T.gemm(A_s, B_s, C_l)\n"
+    guarded = "                if k < 2:\n    " + copy_b
+    past = edited(data_dir, tmp_path, "plain_gemm.py", copy_b + gemm, guarded + gemm)
+    past.write_text(past.read_text().replace("num_stages=3):", "num_stages=1):"))  # role_based versions no guarded write
+    both = tmp_path / "both.py"
+    both.write_text(past.read_text().replace(guarded + gemm, guarded + "    " + gemm))
+    spaces = {path: task_of(path, "M=1024,N=1024,K=1024").space() for path in (past, both)}
+    depths = {path: [axis for axis in space.axes() if axis.startswith("depth")] for path, space in spaces.items()}
+    assert depths[both] and not depths[past]
+    assert any("'B_s'" in m and "is not under (a skipped write leaves the previous value" in m for m in spaces[past].limits())
+
+
 @pytest.mark.parametrize("threads", [32, 64])
 def test_a_kernel_of_fewer_threads_than_a_warpgroup_is_seeded_on_its_own_warps(data_dir, threads):
     """role_based specializes only whole warpgroups ("worker threads must be a multiple of
