@@ -124,9 +124,9 @@ def test_failure_lines_give_each_status_its_most_common_message():
 
 
 def test_when_no_variant_survives_the_reason_is_the_seeded_points(tmp_path, data_dir):
-    """Sparse attention at 16 query heads per block: role_based seeds only the 128-thread
-    points, where the 16-row chained MMA cannot be split; the line says that, not why the
-    32- and 64-thread points (the most pruned) have no seed."""
+    """Sparse attention at 16 query heads per block: no seeded point has a variant left, the
+    16-row chained MMA cannot be split; the line says that, not why other points have no seed
+    or stand for another (the most pruned)."""
     tuned = ws_tune(str(data_dir / "nsa_fwd.py"), "--shape", "batch=1,seq_len=1024", "--param", "num_stages=1", "--budget", "2",
                     "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only")  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr

@@ -126,17 +126,22 @@ def test_no_rewritten_start_where_tilelangs_default_lowering_was_wrong(data_dir)
     assert rewritten == list(points[1:])
 
 
-def test_compile_only_builds_the_baselines_where_there_is_a_seed(data_dir):
-    """Compile-only builds one point's baselines: NSA's backward has no seed at its first
-    point (32 threads: role_based wants whole warpgroups), so the first with one is taken,
-    and its seed schedule is built with tilelang's lowerings."""
+def test_compile_only_builds_the_baselines_where_there_is_a_seed(data_dir, tmp_path):
+    """Compile-only builds one point's baselines: where the first point has no seed (NSA's
+    backward at 2 stages, its query tile written under the mask bit, which role_based will not
+    version), the first with one is taken, and its seed schedule is built with tilelang's
+    lowerings."""
     from ws_tuner.candidate import Lowering
 
-    task = Task.isolated(str(data_dir / "nsa_bwd.py"), "batch=1,seq_len=1024", "num_stages=0")
+    source = (data_dir / "nsa_bwd.py").read_text()
+    assert '"num_stages": [0, 1, 2]' in source
+    path = tmp_path / "nsa_bwd_2_first.py"
+    path.write_text(source.replace('"num_stages": [0, 1, 2]', '"num_stages": [2, 0]'))
+    task = Task.isolated(str(path), "batch=1,seq_len=1024", "threads=128")
     served = task.space().served_points()
-    assert dict(served[0])["threads"] == 32 and isinstance(task.space().seed_candidate(served[0]), str)
+    assert dict(served[0])["num_stages"] == 2 and isinstance(task.space().seed_candidate(served[0]), str)
     (point,) = task.measured_points(timed=False)
-    assert dict(point)["threads"] == 128
+    assert dict(point)["num_stages"] == 0
     assert Lowering.WS in {c.lowering for c in task.baselines_at([point], timed=False)}
 
 

@@ -73,8 +73,8 @@ def tune(
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
         if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
             err.print(f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only")
-        else:  # why the seeded points' variants went, not why the other points have no seed
-            reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind != "seed"), reason)
+        else:  # why the seeded points' variants went, not why the other points have no seed or stand for another
+            reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), reason)
             err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     _print_limits(sp)
