@@ -558,10 +558,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         return _unbudgeted(func, _safe(func, seed))
     if _hand_specialized(func):
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
-    prepared, skipped = _role_based(func)
-    seed = own_schedule(prepared)
-    if seed is None and (otherwise := _seed_otherwise(func)) is not None:
-        prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
+    prepared, seed, skipped = _role_based_seed(func)
     if seed is None and (narrow := _seed_narrow(func)) is not None:
         prepared, seed = narrow
     if seed is None:
@@ -1164,6 +1161,16 @@ class _Otherwise:
     what: str
 
 
+def _role_based_seed(func: Any) -> tuple[Any, Schedule | None, list[str]]:
+    """role_based's result for ``func`` (else for the first rewrite of ``_WHERE_UNSEEDED``
+    it seeds), its seed if any, and why role_based skipped the kernel as written."""
+    prepared, skipped = _role_based(func)
+    seed = own_schedule(prepared)
+    if seed is None and (otherwise := _seed_otherwise(func)) is not None:
+        prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
+    return prepared, seed, skipped
+
+
 def _seed_otherwise(func: Any) -> _Otherwise | None:
     """The first rewrite of ``_WHERE_UNSEEDED`` that changes ``func`` and that role_based
     then seeds."""
@@ -1193,14 +1200,10 @@ def _seed_narrow(func: Any) -> tuple[Any, Schedule] | None:
         return None
     warps = threads // THREADS_PER_WARP
     wide = -(-warps // WARPS_PER_GROUP) * WARPS_PER_GROUP
-    widened = _with_threads(func, wide * THREADS_PER_WARP)
     try:
-        prepared, _ = _role_based(widened)
+        prepared, seed, _ = _role_based_seed(_with_threads(func, wide * THREADS_PER_WARP))
     except NoSeed:
         return None
-    seed = own_schedule(prepared)
-    if seed is None and (otherwise := _seed_otherwise(widened)) is not None:
-        prepared, seed = otherwise.prepared, own_schedule(otherwise.prepared)
     narrow = _narrowed(seed, wide, warps) if seed is not None else None
     return (attach(_with_threads(prepared, threads), narrow), narrow) if narrow is not None else None
 
