@@ -32,7 +32,7 @@ from tvm.tirx import stmt_functor
 
 from .candidate import Lowering
 from . import rules
-from .schedule import SYNC_KINDS, THREADS_PER_WARP, WARPS_PER_GROUP, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync
+from .schedule import SYNC_KINDS, THREADS_PER_WARP, WARPS_PER_GROUP, Mma, OpAccess, Pipeline, Role, Schedule, Scope, Sync, whole_warpgroups
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
@@ -1199,7 +1199,7 @@ def _seed_narrow(func: Any) -> tuple[Any, Schedule] | None:
     if threads is None or threads % THREADS_PER_WARP or (threads // THREADS_PER_WARP) % WARPS_PER_GROUP == 0:
         return None
     warps = threads // THREADS_PER_WARP
-    wide = -(-warps // WARPS_PER_GROUP) * WARPS_PER_GROUP
+    wide = whole_warpgroups(warps)
     try:
         prepared, seed, _ = _role_based_seed(_with_threads(func, wide * THREADS_PER_WARP))
     except NoSeed:
@@ -1217,7 +1217,7 @@ def _narrowed(seed: Schedule, wide: int, warps: int) -> Schedule | None:
         return None
     shift = wide - warps
     roles = tuple(replace(r, warp_hi=warps, max_nreg=0) if r.warp_lo < wide else replace(r, warp_lo=r.warp_lo - shift, warp_hi=r.warp_hi - shift, max_nreg=0) for r in seed.roles)
-    return seed.with_(roles=roles, num_warps=-(-max(r.warp_hi for r in roles) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
+    return seed.with_(roles=roles, num_warps=whole_warpgroups(max(r.warp_hi for r in roles)))
 
 
 def _launch_threads(func: Any) -> int | None:

@@ -15,6 +15,11 @@ ROOT_SCOPE = "tl.ws_scope_root"
 WARPS_PER_GROUP = 4
 THREADS_PER_WARP = 32
 
+
+def whole_warpgroups(warps: int) -> int:
+    """``warps`` rounded up to whole warpgroups (MaterializeWSSchedule counts a block's warps so)."""
+    return -(-warps // WARPS_PER_GROUP) * WARPS_PER_GROUP
+
 # WSSyncKind names, in TileLang's spelling; the value is the classmethod name.
 SYNC_KINDS = {
     "PRODUCER_ACQUIRE": "producer_acquire",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .candidate import ParamsKey
-from .schedule import WARPS_PER_GROUP, OpAccess, Role, Schedule
+from .schedule import WARPS_PER_GROUP, OpAccess, Role, Schedule, whole_warpgroups
 from .seed import MERGED, SEED, SEPARATE
 from .variant import Plan, Variants
 
@@ -119,10 +119,10 @@ class Split:
         ranges, pos = {}, 0
         for role in order:
             if sizes[role] % WARPS_PER_GROUP == 0:
-                pos = -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP
+                pos = whole_warpgroups(pos)
             ranges[role] = (pos, pos + sizes[role])
             pos += sizes[role]
-        return ranges, max(WARPS_PER_GROUP, -(-pos // WARPS_PER_GROUP) * WARPS_PER_GROUP)
+        return ranges, max(WARPS_PER_GROUP, whole_warpgroups(pos))
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ class SeedShape:
             end = max(hi for _, hi in ranges.values())
             for i, name in enumerate(plan.roles[len(self.seed.roles) :]):
                 ranges[name] = (end + i, end + i + 1)
-            num_warps = max(self.seed.num_warps, -(-(end + len(plan.roles) - len(self.seed.roles)) // WARPS_PER_GROUP) * WARPS_PER_GROUP)
+            num_warps = max(self.seed.num_warps, whole_warpgroups(end + len(plan.roles) - len(self.seed.roles)))
         else:  # gathering roles first among the light ones: tilelang vectorises a one-warp gather at warp 0 only (rules.gather_reason)
             gatherers = self.gatherers(plan)
             ranges, num_warps = split.place(sorted(plan.roles, key=lambda r: r not in gatherers), self.analysis.heavy)
