@@ -86,6 +86,16 @@ class Task:
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn_context()) as pool:
             return pool.submit(_record, kernel_path, problem, params, space_config).result()
 
+    def pinned(self) -> dict[str, tuple[Any, ...]]:
+        """The kernel parameters this task narrows from the kernel file's grid (``--param``)."""
+        return {k: v for k, v in self.param_grid.items() if tuple(v) != tuple(self.spec.params.get(k, ()))}
+
+    def holds(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` lies in this task's kernel-parameter grid: a tuning pinned
+        with ``--param`` shares its workload's store with runs of the whole grid, whose
+        other points are not its results."""
+        return all(value in self.param_grid[name] for name, value in candidate.param_dict.items() if name in self.param_grid)
+
     def primfunc(self, params: dict[str, Any]) -> Any:
         """The kernel file's PrimFunc at a parameter point, kept (least recently used
         out): building it runs the kernel's Python through tilelang's parser (about a

@@ -150,8 +150,8 @@ class Tuner:
         start = time.monotonic()
         # A compile-only BUILT says nothing about speed: with a GPU it is measured again.
         known = {h: t for h, t in self.store.trials_by_hash(workload_id=self.workload_id).items()
-                 if t.result.status is not Status.BUILT or self.runner is None}  # fmt: skip
-        self.strategy.keep_study_in(self.store.url, study_name_of(self.key, self.workload_id))  # for optuna-dashboard
+                 if (t.result.status is not Status.BUILT or self.runner is None) and self.task.holds(t.candidate)}  # fmt: skip
+        self.strategy.keep_study_in(self.store.url, study_name_of(self.key, self.workload_id, self.task.pinned()))  # for optuna-dashboard
         self.strategy.pre_tuning(self.task.space(), [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
         searched = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
         first = self._first()
@@ -230,5 +230,5 @@ def nearest_best(store: Store, key: WorkloadKey, workload_id: int, task: Task, k
             if top:
                 best = (distance, top)
     space = task.space()
-    return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS and not isinstance(space.shape(t.candidate.params), str)] if best else []
+    return [t.candidate for t in best[1] if t.candidate.lowering is Lowering.WS and task.holds(t.candidate) and not isinstance(space.shape(t.candidate.params), str)] if best else []
 

@@ -79,6 +79,18 @@ def test_rerun_reuses_every_stored_outcome(task, store):
     assert all(r.cached for r in second.records)
 
 
+def test_a_tuning_pinned_to_part_of_the_grid_neither_replays_nor_counts_the_rest(task, store):
+    """``--param`` narrows the grid, not the workload: the store holds an earlier run's
+    other points, which are not this run's results and do not use up its budget."""
+    import dataclasses
+
+    tune(task, store, budget=6)
+    narrow = dataclasses.replace(task, param_grid={**task.param_grid, "block_N": (256,)})
+    report, _ = tune(narrow, store, budget=6)
+    assert report.records and all(r.candidate.param_dict.get("block_N", 256) == 256 for r in report.records)
+    assert len([r for r in report.records if r.role == SEARCH]) == 6
+
+
 def test_interrupted_tuning_keeps_results_and_resumes(task, store):
     seen = []
 

@@ -4,6 +4,7 @@ the objective's name, and trials made from measured proposals."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import warnings
@@ -16,6 +17,7 @@ from ..result import Status, TrialResult
 
 # What optuna-dashboard labels the objective with (else "Objective 0").
 METRIC_NAME = "time / anchor's time"
+PINS_SHOWN = 200
 
 
 def objective(result: TrialResult) -> float | None:
@@ -26,10 +28,15 @@ def objective(result: TrialResult) -> float | None:
     return result.ratio if result.ratio is not None else result.timing.median_ms
 
 
-def study_name_of(key: Any, workload_id: int) -> str:
-    """The study of a command-line tuning: one per workload, so that a re-run resumes it."""
+def study_name_of(key: Any, workload_id: int, pinned: dict[str, tuple[Any, ...]] | None = None) -> str:
+    """The study of a command-line tuning: one per workload and kernel-parameter grid, so
+    that a re-run resumes it (a study's categorical choices cannot change: a run pinned
+    with ``--param`` to part of the grid keeps a study of its own)."""
     problem = ",".join(f"{k}={v}" for k, v in json.loads(key.problem).items())
-    return f"{key.kernel} {problem} on {key.device} (workload {workload_id})"
+    pins = "".join(f" {k}={'|'.join(map(str, v))}" for k, v in sorted((pinned or {}).items()))
+    if len(pins) > PINS_SHOWN:  # Optuna's study names hold 512 characters
+        pins = " pins " + hashlib.sha256(pins.encode()).hexdigest()[:12]
+    return f"{key.kernel} {problem} on {key.device} (workload {workload_id}{pins and ';' + pins})"
 
 
 def distributions(space: Any, decisions: dict[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
