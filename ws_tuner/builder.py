@@ -95,9 +95,10 @@ def build_one(build_input: BuildInput) -> BuildResult:
     except (compiler.CompilerError, KernelFileError) as exc:
         return done(Status.COMPILE_ERROR, str(exc))
     smem, limit = compiler.shared_memory(kernel), task.space_config.smem_limit
-    if build_input.candidate.schedule is not None and smem is not None and smem > limit:
+    if smem is not None and smem > limit:
         # The smem rule's sharing is a bound: tilelang's planner may pack worse, and such a
         # kernel would fail at launch (as one from tilelang's cache, which does not say).
+        # tilelang's own lowerings too: at a point whose tiles overflow, none can launch.
         return done(Status.REJECTED, f"smem: tilelang's planner gives the block {smem / 1024:.0f} KB > {limit // 1024} KB")
     return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
 

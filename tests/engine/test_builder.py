@@ -117,6 +117,22 @@ def test_a_block_over_shared_memory_once_planned_is_rejected(gemm_task, fresh_ca
     assert result.message == "smem: tilelang's planner gives the block 240 KB > 227 KB"
 
 
+@pytest.mark.slow
+def test_tilelangs_own_lowering_over_shared_memory_is_rejected(data_dir, fresh_cache):
+    """The same bound holds for tilelang's lowerings: 5 stages of 128x64 + 64x256 fp16 tiles
+    (240 KB) compile, and no launch could run them."""
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.task import Task
+
+    spec = load_kernel(data_dir / "stages_gemm.py")
+    task = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024"))
+    point = {"block_K": 64, "block_M": 128, "block_N": 256}
+    with LocalBuilder(jobs=1, timeout=240) as builder:
+        deep, fits = builder.build([_input(task, Candidate.make({**point, "num_stages": n}, None, Lowering.DEFAULT)) for n in (5, 3)])
+    assert deep.status is Status.REJECTED and deep.message.startswith("smem: tilelang's planner gives the block 24"), deep.message
+    assert fits.status is Status.BUILT, fits.message
+
+
 def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
     ok = "tl::__sync_thread_partial(3, 32);\n tl::__sync_thread_partial(4, 256);\n tl::__sync_thread_partial(4, 256);"
     assert compiler.barrier_clash(ok) is None
