@@ -246,7 +246,7 @@ class Seed:
         self.guarded = {key: p for key, p in self.guarded.items() if key in self.channels}
         self.where = where
         if not self.channels:
-            self.limits.append("pipeline layout, depths and stages: no pipeline of the seed synchronizes a loop")
+            self.limits.append("the seed's pipeline layout, depths and stages: none of its pipelines synchronizes a loop (a pipeline made by moving an op to a role of its own may still vary)")
 
     # A write under an ``if`` that skips it leaves the buffer's previous value, which a reader
     # outside that ``if`` still uses. With more than one version, the reader gets the version

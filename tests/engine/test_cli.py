@@ -76,7 +76,7 @@ def test_space_prints_axes_and_counts(example_path):
 def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
     proc = ws_tune("space", str(data_dir / "single_shot.py"), "--shape", "M=1024,N=1024")
     assert proc.returncode == 0, proc.stderr
-    assert "kept as in the seed: pipeline layout, depths and stages: no pipeline of the seed synchronizes a loop" in proc.stderr
+    assert "kept as in the seed: the seed's pipeline layout, depths and stages: none of its pipelines synchronizes a loop" in proc.stderr
 
 
 @pytest.mark.slow

@@ -761,7 +761,7 @@ def test_a_seed_it_cannot_vary_is_kept_and_says_why(seeds):
     space = seeds["single_shot.py"].space()
     count = space.count()
     assert count.kept > 0
-    assert any("no pipeline of the seed synchronizes a loop" in note for note in space.limits())
+    assert any("none of its pipelines synchronizes a loop" in note for note in space.limits())
     params = next(space.param_points())
     assert space.candidate(space.seed_point(params)).hash == space.seed_candidate(params).hash
 
