@@ -61,6 +61,8 @@ PROBLEMS = {
     "grouped_gemm.py": {"G": 4, "skew": 1},
     # 64 query heads per KV head (at DeepSeek's 16, one warp's rows: role_based needs whole warpgroups)
     "nsa_decode.py": {"heads": 256, "groups": 64},
+    # more keys than queries, and 16 heads of 256: the gathered keys' pipeline fits beside Q and dO
+    "sparse_mla_bwd.py": {"seq": 256, "seq_kv": 512, "topk": 256, "heads": 16, "dim": 256},
 }
 
 
@@ -77,10 +79,16 @@ def _has_seed(task: Task) -> bool:
     return any(not isinstance(space.shape(p), str) for p in space.param_points())
 
 
-def task_for(path: Path) -> Task | None:
-    """The file's task at its audit problem, or None where it is not a usable kernel file."""
+def task_for(path: Path, shape: str | None = None) -> Task | None:
+    """The file's task at ``shape`` (as ``ws-tune --shape`` takes it), else at its audit
+    problem, or None where it is not a usable kernel file."""
     try:
         spec = load_kernel(path)
+    except KernelFileError:
+        return None
+    if shape is not None:  # a shape the file refuses raises its one-line message
+        return Task.make(spec, spec.parse_problem(shape))
+    try:
         return Task.make(spec, spec.parse_problem(problem_for(spec)))
     except KernelFileError:
         return None
@@ -205,8 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--points", type=int, help="count at this many kernel-parameter points, drawn at random, and scale (default: all)")
     ap.add_argument("--out", type=Path, help="write the rows as JSON")
+    ap.add_argument("--shape", help="the problem, as ws-tune --shape takes it (default: each file's audit problem; with files named only)")
     args = ap.parse_args(argv)
-    tasks = [(p, task_for(p)) for p in (args.files or kernel_files())]
+    if args.shape is not None and not args.files:
+        ap.error("--shape needs the kernel files it is a problem of")
+    try:
+        tasks = [(p, task_for(p, args.shape)) for p in (args.files or kernel_files())]
+    except KernelFileError as exc:  # a shape the kernel file refuses
+        print(f"space_audit: {exc}", file=sys.stderr)
+        return 2
     bad = [str(p) for p, t in tasks if t is None]
     if bad:
         print(f"space_audit: not a usable kernel file: {', '.join(bad)}", file=sys.stderr)
@@ -216,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         assert task is not None
         rows.append(audit(task, samples=args.samples, survivors=args.survivors, compile_n=args.compile_n, jobs=args.jobs, seed=args.seed, points=args.points))
         print(table(rows[-1:]).splitlines()[1], flush=True)
+        if rows[-1].kept == 0 and set(rows[-1].pruned_by) == {"kernel"}:
+            print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
         for message in rows[-1].rejected + rows[-1].compile_failed:
             print(f"    {message}", flush=True)
     print(table(rows))

@@ -160,6 +160,9 @@ CASES = {
     "nsa_bwd": (DATA / "nsa_bwd.py", "batch=1,seq_len=2048", {}),
     "nsa_decode-16": (DATA / "nsa_decode.py", "batch=8,seq_len=4096,heads=64,groups=16", {}),
     "kda_bwd_dqkwg": (DATA / "kda_bwd_dqkwg.py", "B=1,S=2048,H=4", {"block_DK": (64,), "block_DV": (64,), "num_stages": (1,)}),
+    # Stop 44: DeepSeek-V3.2's sparse MLA backward (gathered keys, eight MMAs a step, a shared-staged
+    # fp32 atomic epilogue in the loop; moves of the gathers and the atomics to roles of their own).
+    "sparse_mla_bwd": (DATA / "sparse_mla_bwd.py", "batch=1,seq=512,seq_kv=1024,topk=256,heads=16,dim=256", {"block_size": (32,)}),
 }
 
 
