@@ -1159,6 +1159,7 @@ class _Otherwise:
     func: Any  # the kernel rewritten
     prepared: Any  # as role_based leaves it, with its schedule
     what: str
+    rewrite: Callable[[Any], Any]
 
 
 def _role_based_seed(func: Any) -> tuple[Any, Schedule | None, list[str]]:
@@ -1183,8 +1184,17 @@ def _seed_otherwise(func: Any) -> _Otherwise | None:
         except NoSeed:
             continue
         if own_schedule(prepared) is not None:
-            return _Otherwise(new, prepared, what)
+            return _Otherwise(new, prepared, what, rewrite)
     return None
+
+
+def _narrow_otherwise(func: Any) -> _Otherwise | None:
+    """``_seed_otherwise`` for a kernel of fewer threads than a warpgroup, decided where
+    ``_seed_narrow`` seeds it (launched with whole warpgroups), applied to the kernel as
+    launched."""
+    wide = _whole_group_threads(func)
+    otherwise = _seed_otherwise(_with_threads(func, wide)) if wide is not None else None
+    return replace(otherwise, func=otherwise.rewrite(func)) if otherwise is not None else None
 
 
 # tilelang's role_based scheduler specializes only blocks of whole warpgroups ("worker
@@ -1195,17 +1205,25 @@ def _seed_otherwise(func: Any) -> _Otherwise | None:
 # schedule with its Worker on its own warps and the other roles on the warps right after,
 # without register budgets (setmaxnreg is per warpgroup).
 def _seed_narrow(func: Any) -> tuple[Any, Schedule] | None:
+    wide = _whole_group_threads(func)
+    if wide is None:
+        return None
+    threads = _launch_threads(func)
+    try:
+        prepared, seed, _ = _role_based_seed(_with_threads(func, wide))
+    except NoSeed:
+        return None
+    narrow = _narrowed(seed, wide // THREADS_PER_WARP, threads // THREADS_PER_WARP) if seed is not None else None
+    return (attach(_with_threads(prepared, threads), narrow), narrow) if narrow is not None else None
+
+
+def _whole_group_threads(func: Any) -> int | None:
+    """The threads of whole warpgroups that a kernel of whole warps, not of whole
+    warpgroups, is seeded at; None for any other kernel."""
     threads = _launch_threads(func)
     if threads is None or threads % THREADS_PER_WARP or (threads // THREADS_PER_WARP) % WARPS_PER_GROUP == 0:
         return None
-    warps = threads // THREADS_PER_WARP
-    wide = whole_warpgroups(warps)
-    try:
-        prepared, seed, _ = _role_based_seed(_with_threads(func, wide * THREADS_PER_WARP))
-    except NoSeed:
-        return None
-    narrow = _narrowed(seed, wide, warps) if seed is not None else None
-    return (attach(_with_threads(prepared, threads), narrow), narrow) if narrow is not None else None
+    return whole_warpgroups(threads // THREADS_PER_WARP) * THREADS_PER_WARP
 
 
 def _narrowed(seed: Schedule, wide: int, warps: int) -> Schedule | None:
@@ -1362,7 +1380,7 @@ def rewrites(func: Any) -> tuple[Any, list[str]]:
             changes.append(what)
         func = new
     if any(not rewrite(func).same_as(func) for rewrite, _ in _WHERE_UNSEEDED) and _unseeded(func):  # as prepare rewrites it
-        otherwise = _seed_otherwise(func)
+        otherwise = _seed_otherwise(func) or _narrow_otherwise(func)
         if otherwise is not None:
             func = otherwise.func
             changes.append(otherwise.what)

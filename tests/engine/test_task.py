@@ -109,6 +109,23 @@ def test_the_kernel_as_ws_tune_rewrites_it_is_a_start_wherever_the_rewrites_chan
     assert not [c for c in gemm.lowering_starts(gemm.measured_points(timed=True)) if c.lowering is Lowering.REWRITTEN]
 
 
+def test_a_kernel_seeded_at_whole_warpgroups_after_a_rewrite_has_its_rewritten_start(data_dir):
+    """KDA's delta-rule backward at 32 threads: role_based seeds it only at 128 threads and
+    only once its state tile's store is taken from the fragment (``_seed_narrow``, then
+    ``_WHERE_UNSEEDED``). The kernel as launched, with that rewrite, is its rewritten start,
+    as at 128 threads (compile-only builds the first seeded point: 32 threads had none)."""
+    from ws_tuner.candidate import Lowering
+    from ws_tuner.kernel import load_kernel
+
+    spec = load_kernel(data_dir / "kda_delta_bwd.py")
+    task = Task.make(spec, spec.parse_problem("B=1,S=1024,H=4"), {"block_DV": (32,), "num_stages": (0,), "threads": (32, 128)})
+    points = task.space().served_points()
+    assert [dict(p)["threads"] for p in points] == [32, 128]
+    starts = [c for c in task.lowering_starts(points) if c.lowering is Lowering.REWRITTEN]
+    assert [c.param_dict["threads"] for c in starts] == [32, 128]
+    assert "taken from the fragment" in task.source(starts[0]).splitlines()[1]
+
+
 def test_no_rewritten_start_where_tilelangs_default_lowering_was_wrong(data_dir):
     """The rewritten kernel goes through tilelang's default pipeline planner as the kernel
     does: where the default lowering at a point was WRONG (Gated DeltaNet's backward past 0

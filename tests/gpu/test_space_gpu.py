@@ -163,6 +163,9 @@ CASES = {
     # Stop 44: DeepSeek-V3.2's sparse MLA backward (gathered keys, eight MMAs a step, a shared-staged
     # fp32 atomic epilogue in the loop; moves of the gathers and the atomics to roles of their own).
     "sparse_mla_bwd": (DATA / "sparse_mla_bwd.py", "batch=1,seq=512,seq_kv=1024,topk=256,heads=16,dim=256", {"block_size": (32,)}),
+    # KDA's backward through the chunk recurrence (dh carried in a fragment, its shared tile stored and
+    # read by the trip's first MMA; one shared tile for dv and dv2), at 32 threads narrowed after a rewrite.
+    "kda_delta_bwd": (DATA / "kda_delta_bwd.py", "B=1,S=2048,H=4", {"block_DV": (32,), "num_stages": (0, 1), "threads": (32, 128)}),
 }
 
 
