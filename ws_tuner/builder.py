@@ -22,6 +22,7 @@ from pebble import ProcessExpired, ProcessPool
 
 from .candidate import Candidate, Lowering
 from .result import Status
+from .rules import kb_over
 from .sandbox import close_pool, spawn_context
 
 
@@ -99,7 +100,7 @@ def build_one(build_input: BuildInput) -> BuildResult:
         # The smem rule's sharing is a bound: tilelang's planner may pack worse, and such a
         # kernel would fail at launch (as one from tilelang's cache, which does not say).
         # tilelang's own lowerings too: at a point whose tiles overflow, none can launch.
-        return done(Status.REJECTED, f"smem: tilelang's planner gives the block {smem / 1024:.0f} KB > {limit // 1024} KB")
+        return done(Status.REJECTED, f"smem: tilelang's planner gives the block {kb_over(smem, limit)}")
     return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
 
 

@@ -39,6 +39,15 @@ WGMMA_OVERHEAD = 26
 SQUARE, FULL_ROW, FULL_COL = 0, 1, 2  # tilelang's GemmWarpPolicy
 
 
+def kb_over(used: int, limit: int) -> str:
+    """The comparison "X KB > Y KB", X with the decimals that tell it from Y (a block 300
+    bytes over its 227 KB read "227 KB > 227 KB"), in bytes where none would."""
+    for digits in (0, 1, 2):
+        if round(used / 1024, digits) > limit / 1024:
+            return f"{used / 1024:.{digits}f} KB > {limit // 1024} KB"
+    return f"{used} bytes > {limit} bytes"
+
+
 @dataclass(frozen=True, order=True)
 class MmaTile:
     """The tile an MMA accumulates, its warp policy, and whether it is chained:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .rules import MAX_THREADS, SharedUse, gather_reason, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason, thread_index_reason
+from .rules import MAX_THREADS, SharedUse, gather_reason, kb_over, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason, thread_index_reason
 from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -527,7 +527,7 @@ class ScheduleSpace:
         total = shared_bytes(sizes, uses) + BARRIER_BYTES * sum(depth_of.values())
         if total > self.config.smem_limit:
             shares = "tiles over dead ones, as tilelang's planner packs them" if shared_order(uses) else "no buffer shares space: no order of the roles is safe for tilelang's planner"
-            return f"smem: {total / 1024:.0f} KB > {self.config.smem_limit // 1024} KB per block ({shares})"
+            return f"smem: {kb_over(total, self.config.smem_limit)} per block ({shares})"
         return None
 
     def _shared_uses(self, shape: SeedShape, plan: Plan) -> dict[str, SharedUse]:

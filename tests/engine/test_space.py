@@ -1763,3 +1763,12 @@ def test_the_loop_rule_prunes_rmsnorm_s_12_warp_worker(data_dir):
     point = replace(shape.seed_point(params), roles="3xWG+warp@first", nregs=(0,) * len(plan.roles))
     assert space.candidate(point).startswith("loop: role Worker's element-wise loop of 8192 iterations: its 384 threads")
     assert isinstance(space.candidate(replace(point, roles="2xWG+warp@first")), Candidate)
+
+
+def test_a_block_just_over_shared_memory_says_by_how_much():
+    from ws_tuner.rules import kb_over
+
+    limit = 227 * 1024
+    assert kb_over(296 * 1024, limit) == "296 KB > 227 KB"
+    assert kb_over(limit + 300, limit) == "227.3 KB > 227 KB"  # not "227 KB > 227 KB"
+    assert kb_over(limit + 1, limit) == "232449 bytes > 232448 bytes"
