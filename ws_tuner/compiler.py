@@ -1400,28 +1400,44 @@ _stderr_lock = threading.Lock()
 
 
 @contextlib.contextmanager
+def _stderr_lines() -> Iterator[list[str]]:
+    """What is written to stderr in the block (by C++ code too: file descriptor 2, which no
+    Python hook sees), as a list of lines filled when the block ends."""
+    lines: list[str] = []
+    with _stderr_lock, tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines += sink.read().decode(errors="replace").splitlines()
+
+
+def _pass_on(lines: list[str]) -> None:
+    if lines:
+        sys.stderr.write("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
 def role_based_skips() -> Iterator[list[str]]:
     """The reasons tilelang's role_based scheduler gives for skipping a kernel, in a
     list filled when the block ends. It gives them only as C++ warnings on stderr (no
     Python hook), once per point of a space and again per role_based build: ws-tune
     says it once, in its own one-line message. Whatever else is written goes through."""
     reasons: list[str] = []
-    with _stderr_lock, tempfile.TemporaryFile() as sink:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
+    try:
+        with _stderr_lines() as lines:
             yield reasons
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            other = []
-            for line in sink.read().decode(errors="replace").splitlines():
-                _, skip, reason = line.partition(_SKIPPED)
-                reasons.append(reason.strip()) if skip else other.append(line)
-            if other:
-                sys.stderr.write("\n".join(other) + "\n")
+    finally:
+        other = []
+        for line in lines:
+            _, skip, reason = line.partition(_SKIPPED)
+            reasons.append(reason.strip()) if skip else other.append(line)
+        _pass_on(other)
 
 
 def attach(func: Any, schedule: Schedule) -> Any:
@@ -1487,17 +1503,18 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
 
 
 def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
-    quiet = role_based_skips() if pass_configs == ROLE_BASED_CONFIG else contextlib.nullcontext()
     order = func.attrs.get(ROLE_ORDER_ATTR) if func.attrs is not None else None
     _planned.order = None if order is None else [(int(lo), int(hi)) for lo, hi in order]
     _planned.compiling = True  # the passes put in tilelang's pipeline below act on ws-tune's compiles only
+    lines: list[str] = []
     try:
-        with quiet:  # the seed said why role_based skips a kernel (prepare); not again per build
+        with _stderr_lines() as lines:
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - what tilelang logged before raising ("Fatal: ...") is the message
         raise CompilerError(one_line(exc)) from exc
     finally:
         _planned.order, _planned.compiling = None, False
+    _pass_on([line for line in lines if _SKIPPED not in line])  # the seed said why role_based skips a kernel (prepare); not again per build
     clash = barrier_clash(kernel.get_kernel_source())
     if clash:
         raise CompilerError(clash)

@@ -133,6 +133,22 @@ def test_tilelangs_own_lowering_over_shared_memory_is_rejected(data_dir, fresh_c
     assert fits.status is Status.BUILT, fits.message
 
 
+def test_a_lowering_tilelang_refuses_is_one_line_and_nothing_on_stderr(data_dir, capfd):
+    """tilelang logs its pipeline planner's refusal ("[hh:mm:ss] ...: Fatal: ...") on stderr
+    before raising it: the message is the CompilerError's, said once, not a raw log line
+    among ws-tune's own (KDA's delta-rule backward reuses dv's tile, no_ws at 1 stage)."""
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.task import Task
+
+    spec = load_kernel(data_dir / "kda_delta_bwd.py")
+    task = Task.make(spec, spec.parse_problem("B=1,S=1024,H=4"))
+    func, configs = task.lowered(Candidate.make({"block_DV": 32, "num_stages": 1, "threads": 128}, None, Lowering.NO_WS))
+    capfd.readouterr()
+    with pytest.raises(compiler.CompilerError, match="^Pipeline planning error: Multiple writes to overlapping buffer regions"):
+        compiler.compile_kernel(func, configs)
+    assert "Fatal" not in capfd.readouterr().err
+
+
 def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
     ok = "tl::__sync_thread_partial(3, 32);\n tl::__sync_thread_partial(4, 256);\n tl::__sync_thread_partial(4, 256);"
     assert compiler.barrier_clash(ok) is None
