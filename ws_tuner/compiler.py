@@ -1396,6 +1396,7 @@ def _unseeded(func: Any) -> bool:
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"
+_LOGGED_PREFIX = 60  # characters of an error's message that identify tilelang's log line of it
 _stderr_lock = threading.Lock()
 
 
@@ -1510,8 +1511,10 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
     try:
         with _stderr_lines() as lines:
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
-    except Exception as exc:  # noqa: BLE001 - what tilelang logged before raising ("Fatal: ...") is the message
-        raise CompilerError(one_line(exc)) from exc
+    except Exception as exc:  # noqa: BLE001
+        message = one_line(exc)
+        _pass_on([line for line in lines if not message or message[:_LOGGED_PREFIX] not in line])  # tilelang logs it ("Fatal: ...") before raising it: said once
+        raise CompilerError(message) from exc
     finally:
         _planned.order, _planned.compiling = None, False
     _pass_on([line for line in lines if _SKIPPED not in line])  # the seed said why role_based skips a kernel (prepare); not again per build

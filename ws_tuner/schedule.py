@@ -20,6 +20,7 @@ def whole_warpgroups(warps: int) -> int:
     """``warps`` rounded up to whole warpgroups (MaterializeWSSchedule counts a block's warps so)."""
     return -(-warps // WARPS_PER_GROUP) * WARPS_PER_GROUP
 
+
 # WSSyncKind names, in TileLang's spelling; the value is the classmethod name.
 SYNC_KINDS = {
     "PRODUCER_ACQUIRE": "producer_acquire",
