@@ -118,11 +118,16 @@ class Seed:
         for role in self.role_names:
             accesses = [self.access(op) for op in self._ops_of(role)]
             mmas = [m for a in accesses for m in a.mmas]
-            flows = [(a.reads, a.writes) for a in accesses if not a.mmas]
+            # Only registers chain: a tile read back from shared memory takes whatever layout
+            # its reader wants (MLA decoding's P goes through S_shared into a register operand).
+            flows = [(self._in_registers(a.reads), self._in_registers(a.writes)) for a in accesses if not a.mmas]
             reached = {src: _reach(src.accumulator, flows) for src in mmas}
             chained = {x for src in mmas for m in mmas if m.operand in reached[src] for x in (src, m)}
             out[role] = frozenset(MmaTile(m.rows, m.cols, m.policy, m in chained, m.bits) for m in mmas)
         return out
+
+    def _in_registers(self, buffers: frozenset[str]) -> frozenset[str]:
+        return frozenset(b for b in buffers if self.kinds.get(b) != "shared")
 
     def _placed(self, moved: tuple[str, ...]) -> Iterator[tuple[str, str]]:
         """(role, op) for every op of every role, the ``moved`` ops in their new roles."""

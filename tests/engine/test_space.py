@@ -396,6 +396,29 @@ def test_a_chained_split_is_what_tilelang_refuses(data_dir):
         compiler.compile_kernel(func, configs)
 
 
+@pytest.mark.slow
+def test_an_accumulator_read_back_from_shared_memory_is_not_chained(data_dir, tmp_path, uncached):
+    """The same decode kernel with S handed to P @ V through a shared tile (MLA decoding's
+    S_shared): the register operand is read back from shared memory in its own layout, so
+    two warpgroups may split S's columns. The rule let it through, and tilelang builds it."""
+    source = (data_dir / "gqa_decode.py").read_text()
+    assert source.count("T.copy(acc_s, acc_s_cast)") == 1
+    source = source.replace("T.copy(acc_s, acc_s_cast)", "T.copy(acc_s, S_shared)\n                T.copy(S_shared, acc_s_cast)")
+    source = source.replace("acc_s_cast = T.alloc_fragment(", "S_shared = T.alloc_shared((BLOCK_H, block_N), dtype)\n            acc_s_cast = T.alloc_fragment(")
+    path = tmp_path / "gqa_decode_via_shared.py"
+    path.write_text(source)
+    task = task_of(path, "batch=2,seqlen_kv=1024")
+    space = task.space()
+    params = (("block_N", 64), ("num_split", 1), ("num_stages", 2))
+    shape = space.shape(params)
+    assert not any(t.chained for t in shape.analysis.mma_tiles["Worker"])
+    assert space.split_reason(params, shape, "2xWG+warp@last") is None
+    point = replace(shape.seed_point(params), roles="2xWG+warp@last", nregs=(0,) * len(shape.seed.roles))
+    func, configs = task.lowered(Candidate.make(dict(params), shape.schedule(point)))
+    compiler.verify(func)
+    assert compiler.compile_kernel(func, configs).get_kernel_source()
+
+
 def test_a_plain_kernel_is_pruned_where_its_mma_cannot_be_split(seeds):
     """chain_gemm has no check(): only the space knows that 12 warps cannot split its 128x128 tile."""
     space = seeds["chain_gemm.py"].space()
