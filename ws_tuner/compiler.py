@@ -1396,6 +1396,8 @@ def _unseeded(func: Any) -> bool:
 
 
 _SKIPPED = "AutoWarpSpecialization skipped:"
+# role_based names an op by its repr ('ir.Op(span=None, ..., name="tl.sync_grid", ...)'): by its name
+_OP_REPR = re.compile(r"'ir\.Op\([^']*?name=\"([^\"]+)\"[^']*'")
 _LOGGED_PREFIX = 60  # characters of an error's message that identify tilelang's log line of it
 _stderr_lock = threading.Lock()
 
@@ -1437,7 +1439,7 @@ def role_based_skips() -> Iterator[list[str]]:
         other = []
         for line in lines:
             _, skip, reason = line.partition(_SKIPPED)
-            reasons.append(reason.strip()) if skip else other.append(line)
+            reasons.append(_OP_REPR.sub(r"\1", reason.strip())) if skip else other.append(line)
         _pass_on(other)
 
 
@@ -1513,7 +1515,8 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         message = one_line(exc)
-        _pass_on([line for line in lines if not message or message[:_LOGGED_PREFIX] not in line])  # tilelang logs it ("Fatal: ...") before raising it: said once
+        # tilelang logs the error ("Fatal: ...") before raising it: said once, in its message
+        _pass_on([line for line in lines if _SKIPPED not in line and not (message and message[:_LOGGED_PREFIX] in line)])
         raise CompilerError(message) from exc
     finally:
         _planned.order, _planned.compiling = None, False

@@ -158,6 +158,19 @@ class TuneReport:
         return out
 
     @property
+    def same_code(self) -> int:
+        """Records whose generated code an earlier record's is too (compile-only measures
+        none, so ``shared`` stays 0 there: tilelang's lowerings of a kernel with nothing to
+        specialize build one kernel three times)."""
+        seen: set[str] = set()
+        count = 0
+        for r in self.records:
+            code = r.result.info.get("code_hash")
+            count += code in seen
+            seen |= {code} if code else set()
+        return count
+
+    @property
     def searched(self) -> int:
         """Search candidates in the report, stored by earlier runs or measured in this one."""
         return sum(r.role == SEARCH for r in self.records)

@@ -87,6 +87,9 @@ def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
     # warps specialized by hand (T.ws) and synchronized by the kernel's own barriers: no schedule to vary
     ("hand_ws_gemm.py", "M=2048,N=2048,K=2048", "block_M=128,block_N=128,block_K=64",
      "seed: the kernel is warp-specialized by hand (T.ws blocks and its own barriers)"),
+    # a persistent kernel's grid barrier between its split and combine phases: role_based names the op by its repr
+    ("mla_decode_persistent.py", "batch=16,seqlen_kv=2048", "block_N=32,num_split=2",
+     "skipped the kernel: cannot schedule hand-written synchronization or TMA control (tl.sync_grid): "),
 ])  # fmt: skip
 def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, kernel, shape, params, reason):
     """role_based does not specialize the kernel, so there is no space; tilelang's own
@@ -102,6 +105,19 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
     assert "no schedule space (seed: " in tuned.stderr
     assert re.search(r"built\s+│\s+3\s", tuned.stdout), tuned.stdout  # tilelang's default, no_ws and role_based lowerings
     assert "pruned" not in tuned.stdout  # no space, no search: nothing drawn to be pruned
+
+
+@pytest.mark.slow
+def test_compile_only_says_which_points_it_built_and_what_is_one_kernel(tmp_path, data_dir):
+    """A per-token FP8 cast (no loop, nothing to specialize) over 12 kernel-parameter points:
+    compile-only builds tilelang's three lowerings at the first, which are one kernel, and
+    says both rather than '0 sharing' and nothing of the other 11 points."""
+    tuned = ws_tune(str(data_dir / "token_cast_fp8.py"), "--shape", "M=8192,N=8192", "--budget", "2", "--jobs", "1",
+                    "--db", str(tmp_path / "r.db"), "--compile-only", env={"COLUMNS": "300"})  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert re.search(r"built\s+│\s+3\s", tuned.stdout), tuned.stdout
+    assert "(0 reused from the store, 2 sharing another's generated code)" in tuned.stdout
+    assert "the baselines were built at 1 of 12 kernel-parameter points (blk_m=1, threads=128)" in tuned.stdout
 
 
 @pytest.mark.slow

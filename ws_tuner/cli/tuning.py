@@ -112,8 +112,9 @@ def _print_report(report: Any, task: Any) -> None:
     if report.wrong_fraction is not None:  # schedules the correctness gate caught: the space should not make them
         table.add_row("WRONG (of the searched)", f"{report.wrong_fraction:.1%}")
     cached = sum(r.cached for r in report.records)
+    same = report.same_code if report.compile_only else report.shared
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
-                     f"{report.shared} sharing another's generated code)")  # fmt: skip
+                     f"{same} sharing another's generated code)")  # fmt: skip
     out.print(table)
     for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records]):
         out.print(line)
@@ -121,6 +122,10 @@ def _print_report(report: Any, task: Any) -> None:
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
     if report.compile_only:
         out.print("compile-only: nothing was timed; run on a Hopper GPU to rank the built candidates.")
+        served, built = task.space().served_points(), task.measured_points(timed=False)
+        if len(served) > len(built):  # that they build is all compile-only shows: one point says it
+            at = "; ".join(", ".join(f"{k}={v}" for k, v in p) for p in built)
+            out.print(f"the baselines were built at {len(built)} of {len(served)} kernel-parameter points ({at}); a GPU run measures them at every one")
         return
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in BASELINE_KINDS]
