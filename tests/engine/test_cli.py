@@ -100,6 +100,7 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
     # tilelang's own reason, once, in ws-tune's line; not its C++ warning once per point
     assert reason in space.stdout
     assert "AutoWarpSpecialization skipped" not in space.stderr
+    assert "a tuning: no schedule space (seed: " in space.stderr and "measuring tilelang's own lowerings" in space.stderr  # not just "0 after"
     tuned = ws_tune(kernel, "--shape", shape, "--param", params, "--budget", "2", "--jobs", "2", "--db", str(tmp_path / "r.db"), "--compile-only")
     assert tuned.returncode == 0, tuned.stderr
     assert "no schedule space (seed: " in tuned.stderr

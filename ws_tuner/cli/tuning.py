@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..pipeline import BASELINE_KINDS
-from ..space import STAGE_SAMPLE
+from ..space import STAGE_SAMPLE, SpaceCount
 from .common import (
     DbOpt,
     ParamOpt,
@@ -53,7 +53,6 @@ def tune(
     from .. import search
     from ..builder import LocalBuilder
     from ..runner import EvaluatorConfig, LocalRunner, gpu_available
-    from ..space import SpaceCount
     from ..store import open_store
     from ..tune import TuneOptions, Tuner
 
@@ -68,14 +67,9 @@ def tune(
     sp = task.space()
     if next(sp.walk(count), None) is None:
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
-        served = sp.served_points()
-        if not served:
+        if not sp.served_points():
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
-        if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
-            err.print(f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only")
-        else:  # why the seeded points' variants went, not why the other points have no seed or stand for another
-            reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), reason)
-            err.print(f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only")
+        err.print(_nothing_to_search(sp, count))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     _print_limits(sp)
     store = open_store(db)
@@ -226,7 +220,21 @@ def space(
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
+    if not count.kept and sp.served_points() and next(sp.walk(walked := SpaceCount()), None) is None:
+        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {len(sp.served_points())} kernel-parameter points the kernel serves")
     _print_limits(sp)
+
+
+def _nothing_to_search(sp: Any, count: Any) -> str:
+    """Why a space that keeps no candidate keeps none, and what a tuning measures instead,
+    at a problem where the kernel serves some point."""
+    served = sp.served_points()
+    if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
+        return f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only"
+    # why the seeded points' variants went, not why the other points have no seed or stand for another
+    reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), "the space is empty")
+    return f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only"
 
 
 def _print_limits(sp: Any) -> None:
