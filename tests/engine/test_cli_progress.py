@@ -143,3 +143,9 @@ def test_ctrl_c_keeps_what_was_stored_and_says_how_to_resume(tmp_path, example_p
         assert len(store.trials_by_hash(workload_id=workload_id)) == int(match.group(1)) >= 1
     finally:
         store.close()
+
+
+def test_a_memory_bound_kernels_few_tflops_do_not_read_zero():
+    from ws_tuner.cli.common import tflops_text
+
+    assert [tflops_text(x) for x in (659.04, 4.2718, 0.51234)] == ["659", "4.27", "0.512"]

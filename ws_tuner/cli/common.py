@@ -69,6 +69,12 @@ DbOpt = typer.Option(None, "--db", callback=_check_db, metavar="URL",
                           "(default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")  # fmt: skip
 
 
+def tflops_text(tflops: float) -> str:
+    """TFLOP/s as a table shows it: whole numbers for compute-bound kernels, three
+    significant digits below 100 (a memory-bound kernel's few TFLOP/s read "0")."""
+    return f"{tflops:.0f}" if tflops >= 100 else f"{tflops:.3g}"
+
+
 def print_error(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
 

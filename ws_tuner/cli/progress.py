@@ -20,6 +20,7 @@ from rich.progress import (
 
 from ..candidate import Lowering
 from ..result import Status
+from .common import tflops_text
 
 SEARCH = "search"  # pipeline.SEARCH, without importing the pipeline (and optuna) to draw a bar
 LOG_INTERVAL = 10.0  # seconds between plain progress lines of a long count
@@ -47,7 +48,7 @@ class TuneProgress:
         self.bar.__exit__(*exc)
 
     def _best_text(self) -> str:
-        return f"best so far {self.best:.0f} TFLOP/s" if self.best is not None else "no timing yet"
+        return f"best so far {tflops_text(self.best)} TFLOP/s" if self.best is not None else "no timing yet"
 
     def __call__(self, event: str, record: Any) -> None:
         if event in ("anchor", "confirm"):

@@ -17,6 +17,7 @@ from .common import (
     app,
     handles_errors,
     out,
+    tflops_text,
 )
 
 # --- best / export -------------------------------------------------------------
@@ -58,7 +59,7 @@ def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt,
     r = trial.result
     state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
     vs = f", {r.ratio:.3f}x the anchor's time" if r.ratio is not None else ""
-    out.print(f"# {trial.candidate.describe()}  {r.tflops:.0f} TFLOP/s, {r.timing.median_ms:.4f} ms{vs}; {state}")
+    out.print(f"# {trial.candidate.describe()}  {tflops_text(r.tflops)} TFLOP/s, {r.timing.median_ms:.4f} ms{vs}; {state}")
     source = task.source(trial.candidate)
     if source is not None:
         out.print(source)

@@ -24,6 +24,7 @@ from .common import (
     failure_lines,
     handles_errors,
     out,
+    tflops_text,
 )
 from .progress import TuneProgress, counting
 
@@ -152,7 +153,7 @@ def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
         r = rec.result
         ci = r.info.get("ratio_ci") if rec is not best else r.info.get("time_ci", r.info.get("ratio_ci"))
         vs_best = _relative(best.result, r) if best else None
-        speed.add_row(name, f"{r.tflops:.0f}", f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
+        speed.add_row(name, tflops_text(r.tflops), f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
                       f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
                       f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
     return speed
