@@ -107,7 +107,7 @@ class Audit:
     kept: int = 0  # after it
     estimated: bool = False  # the two counted at a sample of the kernel-parameter points, scaled
     pruned_by: dict[str, int] = field(default_factory=dict)  # the whole space: rule -> points
-    seed_point_is_seed: bool | None = None  # at every kernel-parameter point with a seed
+    seed_point_is_seed: bool | None = None  # at every kernel-parameter point with a seed (None: no point counted has one)
     sampled: int = 0
     sample_pruned: dict[str, int] = field(default_factory=dict)  # rule -> sampled points
     survivors: int = 0  # points drawn among the static rules' survivors
@@ -136,7 +136,8 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
     out = Audit(task.spec.path.name, task.problem)
     count = space.count(sample=points, seed=seed)
     out.total, out.kept, out.pruned_by, out.estimated = count.total, count.kept, dict(count.pruned), count.estimated
-    out.seed_point_is_seed = all(_seed_point_is_seed(space, params) for params in space.param_sample(points, seed))
+    checked = [_seed_point_is_seed(space, params) for params in space.param_sample(points, seed)]
+    out.seed_point_is_seed = None if all(c is None for c in checked) else all(c is not False for c in checked)
     rng = random.Random(seed)
     candidates: dict[str, Candidate] = {}
     for _ in range(samples):
@@ -177,13 +178,14 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
     return out
 
 
-def _seed_point_is_seed(space: Any, params: Any) -> bool:
+def _seed_point_is_seed(space: Any, params: Any) -> bool | None:
+    """Whether rebuilding the seed's own point gives the seed; None where there is no seed."""
     try:
         shape = space.shape(params)
     except compiler.CompilerError:
-        return True  # no seed at these parameters (role_based found nothing): nothing to rebuild
+        return None  # the kernel does not build here: no seed to rebuild
     if isinstance(shape, str):
-        return True
+        return None
     seed = space.seed_candidate(params)
     if shape.schedule(space.seed_point(params)) != seed.schedule:
         return False
@@ -199,7 +201,7 @@ def table(rows: list[Audit]) -> str:
         by = ", ".join(f"{k} {n}" for k, n in sorted(a.sample_pruned.items(), key=lambda kv: -kv[1]))
         built = f"{a.built}/{a.built + len(a.compile_failed)}"
         approx = "~" if a.estimated else ""
-        lines.append(f"{a.kernel:<24}{approx + str(a.total):>10}{approx + str(a.kept):>10}{a.seed_point_is_seed!s:>10}{a.sampled:>8}{pruned:>8}{a.survivors:>6}{a.distinct:>9}{len(a.rejected):>9}{built:>7}  {by}")
+        lines.append(f"{a.kernel:<24}{approx + str(a.total):>10}{approx + str(a.kept):>10}{'-' if a.seed_point_is_seed is None else str(a.seed_point_is_seed):>10}{a.sampled:>8}{pruned:>8}{a.survivors:>6}{a.distinct:>9}{len(a.rejected):>9}{built:>7}  {by}")
     return "\n".join(lines)
 
 
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows[-1:]).splitlines()[1], flush=True)
         if rows[-1].kept == 0 and set(rows[-1].pruned_by) == {"kernel"}:
             print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
+        elif rows[-1].seed_point_is_seed is None:
+            print("    no kernel-parameter point counted has a seed schedule: nothing to vary (`ws-tune space` says why)", flush=True)
         for message in rows[-1].rejected + rows[-1].compile_failed:
             print(f"    {message}", flush=True)
     print(table(rows))

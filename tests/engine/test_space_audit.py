@@ -55,7 +55,7 @@ def test_every_kernel_file_is_audited():
 def test_sampled_candidates_are_pruned_with_a_reason_or_verified(path):
     row = audit_script.audit(audit_script.task_for(path), samples=60, survivors=12, seed=1, points=24)
     print(f"\n{audit_script.table([row])}\n  verifier-rejected fraction: {row.rejected_fraction}")
-    assert row.seed_point_is_seed
+    assert row.seed_point_is_seed is not False  # None: none of the points drawn has a seed
     assert row.total > 0 and 0 < row.kept <= row.total
     assert set(row.sample_pruned) <= RULES and set(row.pruned_by) <= RULES
     assert row.distinct >= 1 and row.survivors >= 1
@@ -103,3 +103,12 @@ def test_the_cli_summary_reports_the_wrong_fraction(capsys):
     _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k")))
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "WRONG (of the searched)" in ln)
     assert "25.0%" in line
+
+
+def test_an_audit_of_a_kernel_without_a_seed_says_so_rather_than_true():
+    """A per-token FP8 cast has nothing to specialize: no seed point to rebuild, which the
+    audit gives as None ('-'), not as a rebuilt seed; and --shape reaches its problem."""
+    row = audit_script.audit(audit_script.task_for(ROOT / "tests" / "data" / "token_cast_fp8.py", "M=8192,N=8192"), samples=3)
+    assert row.problem == {"M": 8192, "N": 8192}
+    assert row.seed_point_is_seed is None and row.kept == 0 and set(row.pruned_by) == {"seed"}
+    assert audit_script.table([row]).splitlines()[1].split()[3] == "-"
