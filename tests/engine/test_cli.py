@@ -108,6 +108,16 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
     assert "pruned" not in tuned.stdout  # no space, no search: nothing drawn to be pruned
 
 
+def test_a_space_without_a_seed_gives_the_commonest_reason(data_dir):
+    """tilelang's Hadamard transform: role_based skips 32- and 64-thread blocks (whole
+    warpgroups only) and finds no handoff at 128 threads and up. The line quotes the reason
+    of most points (12 of 18) and counts the rest, not the first point's alone."""
+    space = ws_tune("space", str(data_dir / "hadamard.py"), "--shape", "batch=64,dim=32768", env={"COLUMNS": "400"})
+    assert space.returncode == 0, space.stderr
+    assert ("a tuning: no schedule space (seed: kernel has no WS schedule and tilelang's role_based scheduler skipped the kernel: "
+            "no cross-role on-chip handoff to pipeline; 6 of the 18 points for other reasons)") in space.stderr  # fmt: skip
+
+
 @pytest.mark.slow
 def test_compile_only_says_which_points_it_built_and_what_is_one_kernel(tmp_path, data_dir):
     """A per-token FP8 cast (no loop, nothing to specialize) over 12 kernel-parameter points:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -223,7 +224,8 @@ def space(
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
     if not count.kept and sp.served_points() and next(sp.walk(walked := SpaceCount()), None) is None:
-        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {len(sp.served_points())} kernel-parameter points the kernel serves")
+        n = len(sp.served_points())
+        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {n} kernel-parameter point{'s' * (n != 1)} the kernel serves")
     _print_limits(sp)
 
 
@@ -232,7 +234,9 @@ def _nothing_to_search(sp: Any, count: Any) -> str:
     at a problem where the kernel serves some point."""
     served = sp.served_points()
     if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
-        return f"no schedule space ({sp.shape(served[0])}): measuring tilelang's own lowerings and the vendors only"
+        reasons = Counter(sp.shape(p) for p in served).most_common()
+        others = f"; {len(served) - reasons[0][1]} of the {len(served)} points for other reasons" if len(reasons) > 1 else ""
+        return f"no schedule space ({reasons[0][0]}{others}): measuring tilelang's own lowerings and the vendors only"
     # why the seeded points' variants went, not why the other points have no seed or stand for another
     reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), "the space is empty")
     return f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only"
