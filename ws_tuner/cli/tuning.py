@@ -121,7 +121,7 @@ def _print_report(report: Any, task: Any) -> None:
         served, built = task.space().served_points(), task.measured_points(timed=False)
         if len(served) > len(built):  # that they build is all compile-only shows: one point says it
             at = "; ".join(", ".join(f"{k}={v}" for k, v in p) for p in built)
-            out.print(f"the baselines were built at {len(built)} of {len(served)} kernel-parameter points ({at}); a GPU run measures them at every one")
+            out.print(f"the baselines were built at {len(built)} of {len(served)} kernel-parameter points ({at}); a GPU run measures them at every one, --param pins another")
         return
     best = report.best
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in BASELINE_KINDS]
