@@ -63,6 +63,7 @@ PROBLEMS = {
     "nsa_decode.py": {"heads": 256, "groups": 64},
     # more keys than queries, and 16 heads of 256: the gathered keys' pipeline fits beside Q and dO
     "sparse_mla_bwd.py": {"seq": 256, "seq_kv": 512, "topk": 256, "heads": 16, "dim": 256},
+    "gqa_fwd.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
 }
 
 

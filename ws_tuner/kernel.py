@@ -192,14 +192,19 @@ def _is_size(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+TRUE, FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
 def _coerce(key: str, value: Any, like: Any) -> Any:
     """Parse a command-line string to the type of ``like`` (required arguments are sizes: int)."""
     if not isinstance(value, str):
         return value
     kind = type(like) if like is not None else int
+    if kind is bool:  # anything else is a typo, not False
+        if value.lower() not in TRUE + FALSE:
+            raise KernelFileError(f"{key}={value!r} is not a boolean (true/false, 1/0, yes/no)")
+        return value.lower() in TRUE
     try:
-        if kind is bool:
-            return value.lower() in ("1", "true", "yes")
         if kind in (int, float):
             return kind(value)
     except ValueError:

@@ -22,6 +22,17 @@ def test_an_int_with_choices_accepts_every_listed_value(flash):
         flash.parse_problem("S=0")  # a size still must be
 
 
+def test_a_bool_argument_takes_true_or_false_and_refuses_anything_else(data_dir):
+    """GQA forward's is_causal is a bool: 'on' or 2 was read as False, a silent non-causal tuning."""
+    gqa = load_kernel(data_dir / "gqa_fwd.py")
+    shape = "batch=1,heads=32,seq_len=1024,dim=128,groups=8"
+    assert gqa.parse_problem(shape + ",is_causal=true")["is_causal"] is True
+    assert gqa.parse_problem(shape + ",is_causal=0")["is_causal"] is False
+    for typo in ("2", "on"):
+        with pytest.raises(KernelFileError, match=f"is_causal='{typo}' is not a boolean"):
+            gqa.parse_problem(f"{shape},is_causal={typo}")
+
+
 def test_categorical_arguments_are_not_sizes_in_the_distance(flash, gemm_spec):
     a = flash.parse_problem("S=1024")
     assert flash.problem_distance(a, {**a, "S": 4096}) == pytest.approx(2.0)

@@ -166,6 +166,8 @@ CASES = {
     # KDA's backward through the chunk recurrence (dh carried in a fragment, its shared tile stored and
     # read by the trip's first MMA; one shared tile for dv and dv2), at 32 threads narrowed after a rewrite.
     "kda_delta_bwd": (DATA / "kda_delta_bwd.py", "B=1,S=2048,H=4", {"block_DV": (32,), "num_stages": (0, 1), "threads": (32, 128)}),
+    # tilelang's plain GQA forward (role_based's seed: Load and Store warps, one Worker; V one stage behind K reachable)
+    "gqa_fwd": (DATA / "gqa_fwd.py", "batch=1,heads=32,seq_len=2048,dim=128,groups=8,is_causal=1", {}),
 }
 
 
