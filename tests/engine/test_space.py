@@ -1795,3 +1795,22 @@ def test_a_block_just_over_shared_memory_says_by_how_much():
     assert kb_over(296 * 1024, limit) == "296 KB > 227 KB"
     assert kb_over(limit + 300, limit) == "227.3 KB > 227 KB"  # not "227 KB > 227 KB"
     assert kb_over(limit + 1, limit) == "232449 bytes > 232448 bytes"
+
+
+def test_what_only_the_kernel_can_change_is_said(data_dir, example_path):
+    """A plain attention kernel (tilelang's GQA forward) has synchronous MMAs in one role: no
+    schedule overlaps them or gives them ping-pong consumers, and the space says so rather
+    than nothing. The GEMM example's async ping-pong form has both and says neither."""
+    def limits(path, shape, params):
+        task = task_of(path, shape)
+        space = task.space()
+        point = tuple(sorted(params.items()))
+        assert not isinstance(space.shape(point), str)
+        return " ".join(space.limits())
+
+    plain = limits(data_dir / "gqa_fwd.py", "batch=1,heads=32,seq_len=4096,dim=128,groups=8",
+                   {"block_M": 128, "block_N": 64, "num_stages": 2, "threads": 128})  # fmt: skip
+    assert "MMA overlap: the kernel's MMAs wait for themselves" in plain and "ping-pong consumers need tiles" in plain
+    gemm = limits(example_path, "M=4096,N=4096,K=4096", {"block_M": 128, "block_N": 128, "block_K": 64, "swizzle": 8, "epilogue": "direct",
+                                                          "persistent": False, "mma": "async", "consumers": "pingpong", "split": "square"})  # fmt: skip
+    assert "MMA overlap" not in gemm and "ping-pong" not in gemm
