@@ -35,8 +35,8 @@ def study_name_of(key: Any, workload_id: int, pinned: dict[str, tuple[Any, ...]]
     problem = ",".join(f"{k}={v}" for k, v in json.loads(key.problem).items())
     pins = "".join(f" {k}={'|'.join(map(str, v))}" for k, v in sorted((pinned or {}).items()))
     if len(pins) > PINS_SHOWN:  # Optuna's study names hold 512 characters
-        pins = " pins " + hashlib.sha256(pins.encode()).hexdigest()[:12]
-    return f"{key.kernel} {problem} on {key.device} (workload {workload_id}{pins and ';' + pins})"
+        pins = " " + hashlib.sha256(pins.encode()).hexdigest()[:12]
+    return f"{key.kernel} {problem} on {key.device} (workload {workload_id}){pins and ' pinned' + pins}"
 
 
 def distributions(space: Any, decisions: dict[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
