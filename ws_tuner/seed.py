@@ -94,22 +94,23 @@ class Seed:
         self._find_channels()
         self.movable = self._find_movable()
         self.layouts = self._layouts()
-        self.limits += self._kernel_side_limits()
+        self.kernel_side = self._kernel_side()
 
-    def _kernel_side_limits(self) -> list[str]:
-        """What no schedule of this kernel can do, only a change to the kernel: said, since
-        it is where FlashAttention-3 and CUTLASS find much of their speed."""
+    def _kernel_side(self) -> dict[str, str]:
+        """What no schedule of this seed can do, only a change to the kernel, by name: said
+        (where no seed of the kernel's has it), since it is where FlashAttention-3 and
+        CUTLASS find much of their speed."""
         ops = [self.access(op) for role in self.role_names for op in self._ops_of(role)]
         if not any(a.mmas for a in ops):
-            return []
-        out = []
+            return {}
+        out = {}
         if not any(a.issues_async for a in ops):
-            out.append("MMA overlap: the kernel's MMAs wait for themselves (T.gemm is a wgmma and its wait), so no schedule "
-                       "overlaps one with the next; a kernel that issues T.wgmma_gemm and T.wait_wgmma itself has their "
-                       "stages varied (examples/attention.py and examples/gemm.py, mma=async)")  # fmt: skip
+            out["overlap"] = ("MMA overlap: the kernel's MMAs wait for themselves (T.gemm is a wgmma and its wait), so no schedule "
+                              "overlaps one with the next; a kernel that issues T.wgmma_gemm and T.wait_wgmma itself has their "
+                              "stages varied (examples/attention.py and examples/gemm.py, mma=async)")  # fmt: skip
         if len([r for r in self.role_names if any(self.access(op).mmas for op in self._ops_of(r))]) == 1:
-            out.append("consumers: one role runs the MMAs (its warps vary, cooperatively); ping-pong consumers need tiles "
-                       "and pipelines of their own in the kernel (examples/attention.py and examples/gemm.py, consumers=pingpong)")  # fmt: skip
+            out["consumers"] = ("consumers: one role runs the MMAs (its warps vary, cooperatively); ping-pong consumers need tiles "
+                                "and pipelines of their own in the kernel (examples/attention.py and examples/gemm.py, consumers=pingpong)")  # fmt: skip
         return out
 
     # --- the seed's structure ---------------------------------------------

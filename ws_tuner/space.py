@@ -143,7 +143,10 @@ class ScheduleSpace:
 
     def limits(self) -> list[str]:
         """What the space keeps as in the seed, and why (every seed seen so far)."""
-        notes = [msg for variants in self._seeds.values() for msg in variants.seed.limits] + sorted(self._notes)
+        seeds = [variants.seed for variants in self._seeds.values()]
+        # what only the kernel can change, where no seed of it has it (the GEMM example's sync seeds beside its async ones say nothing)
+        kernel_side = [msg for key, msg in seeds[0].kernel_side.items() if all(key in s.kernel_side for s in seeds)] if seeds else []
+        notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + sorted(self._notes)
         if any(not isinstance(shape, str) and not shape.info.budgets for shape in self._shapes.values()):
             notes.append("register budgets: none, as the kernel asks (T.no_set_max_nreg)")
         return list(dict.fromkeys(notes))

@@ -73,8 +73,8 @@ def tune(
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
         err.print(_nothing_to_search(sp, count))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
+    store = open_store(db)  # a database error is the one line, before any note
     _print_limits(sp)
-    store = open_store(db)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
         compile_only = True
