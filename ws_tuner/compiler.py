@@ -1420,6 +1420,14 @@ def _stderr_lines() -> Iterator[list[str]]:
             lines += sink.read().decode(errors="replace").splitlines()
 
 
+def _unsaid(lines: list[str], error: str = "") -> list[str]:
+    """A compile's stderr lines but those ws-tune says itself: role_based's skip reason (the
+    seed said it, in prepare; not again per build) and tilelang's log line of ``error``,
+    which it writes ("Fatal: ...") before raising it."""
+    logged = error[:_LOGGED_PREFIX]
+    return [line for line in lines if _SKIPPED not in line and not (logged and logged in line)]
+
+
 def _pass_on(lines: list[str]) -> None:
     if lines:
         sys.stderr.write("\n".join(lines) + "\n")
@@ -1515,12 +1523,11 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         message = one_line(exc)
-        # tilelang logs the error ("Fatal: ...") before raising it: said once, in its message
-        _pass_on([line for line in lines if _SKIPPED not in line and not (message and message[:_LOGGED_PREFIX] in line)])
+        _pass_on(_unsaid(lines, message))
         raise CompilerError(message) from exc
     finally:
         _planned.order, _planned.compiling = None, False
-    _pass_on([line for line in lines if _SKIPPED not in line])  # the seed said why role_based skips a kernel (prepare); not again per build
+    _pass_on(_unsaid(lines))
     clash = barrier_clash(kernel.get_kernel_source())
     if clash:
         raise CompilerError(clash)

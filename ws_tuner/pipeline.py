@@ -162,13 +162,8 @@ class TuneReport:
         """Records whose generated code an earlier record's is too (compile-only measures
         none, so ``shared`` stays 0 there: tilelang's lowerings of a kernel with nothing to
         specialize build one kernel three times)."""
-        seen: set[str] = set()
-        count = 0
-        for r in self.records:
-            code = r.result.info.get("code_hash")
-            count += code in seen
-            seen |= {code} if code else set()
-        return count
+        codes = [code for r in self.records if (code := r.result.info.get("code_hash"))]
+        return len(codes) - len(set(codes))
 
     @property
     def searched(self) -> int:

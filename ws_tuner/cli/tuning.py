@@ -223,9 +223,9 @@ def space(
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
-    if not count.kept and sp.served_points() and next(sp.walk(walked := SpaceCount()), None) is None:
-        n = len(sp.served_points())
-        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {n} kernel-parameter point{'s' * (n != 1)} the kernel serves")
+    served = len(sp.served_points())
+    if not count.kept and served and next(sp.walk(walked := SpaceCount()), None) is None:
+        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
     _print_limits(sp)
 
 
