@@ -31,6 +31,10 @@ A kernel file is a Python module that defines, at top level:
     The expected outputs, one per entry of ``OUTPUTS``.
 ``flops(problem: dict) -> float``
     Floating-point operations of one call, for TFLOP/s.
+``bytes_moved(problem: dict) -> float`` (optional)
+    Bytes one call must move to and from global memory at least (each input
+    read once, each output written once), for GB/s: what a memory-bound
+    kernel is judged by. Reports show GB/s beside TFLOP/s where it is given.
 ``check(problem: dict, params: dict, schedule) -> str | None`` (optional)
     Why these parameters (and, when not ``None``, this ``ws_tuner.schedule.
     Schedule``) cannot serve this problem, or ``None``; used to prune before
@@ -101,6 +105,16 @@ class KernelSpec:
 
     def flops(self, problem: dict[str, Any]) -> float:
         return float(self._call("flops", problem))
+
+    def bytes_moved(self, problem: dict[str, Any]) -> float | None:
+        if self.module is None or not hasattr(self.module, "bytes_moved"):
+            return None
+        return float(self._call("bytes_moved", problem))
+
+    def gbps(self, problem: dict[str, Any], median_ms: float) -> float | None:
+        """GB/s of one call taking ``median_ms``, where the file says what it moves."""
+        moved = self.bytes_moved(problem)
+        return moved / (median_ms * 1e-3) / 1e9 if moved is not None and median_ms > 0 else None
 
     def launch(self, kernel: Callable[..., Any], args: list[Any]) -> Any:
         """One launch of a compiled kernel on ``args``, from the state ``inputs`` gave them."""
@@ -253,8 +267,8 @@ def load_kernel(path: str | Path) -> KernelSpec:
         raise KernelFileError(f"{path}: PROBLEM and PARAMS must be dicts")
     if any(not isinstance(v, (list, tuple)) or not v for v in params.values()):
         raise KernelFileError(f"{path}: every PARAMS entry must be a non-empty list of values")
-    for fn in ("kernel", "inputs", "reference", "flops"):
-        if not callable(getattr(module, fn)):
+    for fn in ("kernel", "inputs", "reference", "flops", "bytes_moved"):
+        if hasattr(module, fn) and not callable(getattr(module, fn)):
             raise KernelFileError(f"{path}: {fn} must be a function")
     outputs = tuple(getattr(module, "OUTPUTS", (-1,)))
     reset = getattr(module, "RESET_TO_ZERO", ())

@@ -71,10 +71,18 @@ def store_for(db: str | Store | None) -> Store:
         return store
 
 
-def fastest_compilable(store: Store, key: WorkloadKey, k: int = 1) -> list[StoredTrial]:
-    """The ``k`` fastest stored trials of ``key`` that compile to a tilelang kernel."""
-    workload = _workload_of(store, key)
-    return store.top_compilable(workload_id=workload, k=k) if workload is not None else []
+def fastest_on_device(store: Store, key: WorkloadKey, k: int = 1) -> tuple[WorkloadKey, list[StoredTrial]]:
+    """The ``k`` fastest compilable trials of ``key``'s kernel, problem and device, and the
+    key they were stored under: ``key`` itself where it has any, else the same device timed
+    with another toolchain (read from a machine without that GPU, or since a driver update),
+    this tilelang and CUDA first, then the newest."""
+    found = store.find_workloads(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
+    ours = (key.tilelang_version, key.cuda_version)
+    for wid, stored in sorted(found, key=lambda w: (w[1] != key, (w[1].tilelang_version, w[1].cuda_version) != ours, -w[0])):
+        top = store.top_compilable(workload_id=wid, k=k)
+        if top:
+            return stored, top
+    return key, []
 
 
 # A workload's id never changes once it exists (workloads are never deleted): remembered

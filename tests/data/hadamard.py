@@ -217,6 +217,12 @@ def flops(problem):
     return float(problem["batch"] * problem["dim"] * int(math.log2(problem["dim"])))
 
 
+def bytes_moved(problem):
+    # x read once, y written once
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[problem["dtype"]]
+    return 2.0 * size * problem["batch"] * problem["dim"]
+
+
 def vendors(problem):
     cache = {}
 

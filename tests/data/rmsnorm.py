@@ -71,6 +71,12 @@ def flops(problem):
     return 4.0 * problem["M"] * problem["N"]
 
 
+def bytes_moved(problem):
+    # x read once, the weight once, y written once
+    M, N = problem["M"], problem["N"]
+    return 2.0 * (2 * M * N + N)
+
+
 def vendors(problem):
     import torch
 

@@ -117,5 +117,11 @@ def flops(problem):
     return 5.0 * problem["M"] * problem["N"]
 
 
+def bytes_moved(problem):
+    # x in fp32 read once; the fp8 values and one fp32 scale per group written once
+    M, N = problem["M"], problem["N"]
+    return 4.0 * M * N + 1.0 * M * N + 4.0 * M * ((N + GROUP - 1) // GROUP)
+
+
 def vendors(problem):
     return {"torch": lambda args: list(_cast(args[0]))}

@@ -221,7 +221,41 @@ def test_without_a_searched_schedule_the_report_names_the_fastest_baseline(capsy
     report = TuneReport(WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0")), 0, compile_only=False)
     report.records += [record({"split_k": 2}, Lowering.DEFAULT, 1.0), record({"split_k": 2}, Lowering.ROLE_BASED, 0.99),
                        record({"vendor": "cublas"}, Lowering.REFERENCE, 0.9)]  # fmt: skip
-    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k")))
+    moved = 2e9  # bytes a call moves: 2,000 GB/s at 1 ms
+    spec = SimpleNamespace(name="k", bytes_moved=lambda p: moved, gbps=lambda p, ms: moved / (ms * 1e-3) / 1e9)
+    _print_report(report, SimpleNamespace(spec=spec, problem={"M": 1}))
     out = " ".join(capsys.readouterr().out.split())
     assert "no schedule of the space was measured: the fastest kernel is reference ([reference] vendor=cublas)" in out
     assert "1.100x" in out  # default, against the fastest
+    assert "GB/s" in out and "│ default │ 500 │ 2000 │ 1.0000 │" in out  # TFLOP/s, then GB/s, then the time
+
+
+def test_a_memory_bound_kernel_reads_in_gb_per_s_where_its_file_says_what_it_moves(tmp_path, data_dir):
+    """rmsnorm's few TFLOP/s say nothing of how close it runs to the memory's speed; its
+    ``bytes_moved`` puts GB/s beside them in ``best`` and ``export``."""
+    import json
+
+    from ws_tuner import search
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.store import open_store
+    from ws_tuner.task import Task
+    from ws_tuner.testing import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder
+    from ws_tuner.tune import TuneOptions, Tuner
+
+    spec, shape, ms = load_kernel(data_dir / "rmsnorm.py"), "M=1024,N=1024", 0.05
+    task = Task.make(spec, spec.parse_problem(shape), spec.parse_params("blk_m=1,blk_k=512,num_stages=1,threads=128"))
+    db = tmp_path / "r.db"
+    Tuner(task, store=open_store(str(db)), builder=VerifyOnlyBuilder(), runner=DummyRunner(latency=lambda c: ms, flops=spec.flops(task.problem)),
+          strategy=search.create("grid"), options=TuneOptions(budget=0)).run()  # fmt: skip
+    gbps = 2.0 * (2 * 1024 * 1024 + 1024) / (ms * 1e-3) / 1e9  # x and y once each, the weight once: 83.9 GB/s
+    proc = ws_tune("best", str(data_dir / "rmsnorm.py"), "--shape", shape, "--db", str(db), "--device", DUMMY_DEVICE)
+    assert proc.returncode == 0, proc.stderr
+    # Read from a machine without that GPU and driver: the device's results, saying how they were timed.
+    assert proc.stderr.startswith(f"note: {DUMMY_DEVICE} was timed with tilelang") and "driver dummy (here: " in proc.stderr
+    assert f"{gbps:.3g} GB/s, {ms:.4f} ms" in proc.stdout.splitlines()[0], proc.stdout
+    out = tmp_path / "best.json"
+    proc = ws_tune("export", str(data_dir / "rmsnorm.py"), "--shape", shape, "--db", str(db), "--device", DUMMY_DEVICE, "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["results"][0]["gbps"] == pytest.approx(gbps)
+    # A kernel file that does not say what it moves reads in TFLOP/s only.
+    assert load_kernel(data_dir / "plain_gemm.py").gbps({"M": 1, "N": 1, "K": 1}, ms) is None

@@ -146,6 +146,6 @@ def test_ctrl_c_keeps_what_was_stored_and_says_how_to_resume(tmp_path, example_p
 
 
 def test_a_memory_bound_kernels_few_tflops_do_not_read_zero():
-    from ws_tuner.cli.common import tflops_text
+    from ws_tuner.cli.common import rate_text
 
-    assert [tflops_text(x) for x in (659.04, 4.2718, 0.51234)] == ["659", "4.27", "0.512"]
+    assert [rate_text(x) for x in (659.04, 4.2718, 0.51234)] == ["659", "4.27", "0.512"]

@@ -69,10 +69,15 @@ DbOpt = typer.Option(None, "--db", callback=_check_db, metavar="URL",
                           "(default: $WS_TUNE_DB, else ~/.cache/ws-tune/ws-tune.db)")  # fmt: skip
 
 
-def tflops_text(tflops: float) -> str:
-    """TFLOP/s as a table shows it: whole numbers for compute-bound kernels, three
-    significant digits below 100 (a memory-bound kernel's few TFLOP/s read "0")."""
-    return f"{tflops:.0f}" if tflops >= 100 else f"{tflops:.3g}"
+def rate_text(rate: float) -> str:
+    """TFLOP/s or GB/s as a table shows it: whole numbers from 100 up, three significant
+    digits below (a memory-bound kernel's few TFLOP/s would read "0")."""
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def speed_text(tflops: float, gbps: float | None = None) -> str:
+    """A kernel's speed in a line: TFLOP/s, and GB/s where its kernel file says what a call moves."""
+    return f"{rate_text(tflops)} TFLOP/s" + (f", {rate_text(gbps)} GB/s" if gbps is not None else "")
 
 
 def print_error(message: str) -> None:

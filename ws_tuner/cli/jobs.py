@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, _fail, app, err, failure_lines, handles_errors, out, tflops_text
+from .common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, _fail, app, err, failure_lines, handles_errors, out, rate_text
 
 jobs_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Jobs of a ws-tune server: list, show, watch, cancel.")
 app.add_typer(jobs_app, name="jobs")
@@ -116,7 +116,7 @@ def jobs_show(
     for t in page["data"]:
         params = ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
         table.add_row("-" if t["slot"] is None else str(t["slot"]), t["kind"], t["state"], t["status"] or "-", t.get("lowering") or "-",
-                      tflops_text(t["tflops"]) if t["tflops"] else "-", f"{t['median_ms']:.4f}" if t["median_ms"] else "-", params)  # fmt: skip
+                      rate_text(t["tflops"]) if t["tflops"] else "-", f"{t['median_ms']:.4f}" if t["median_ms"] else "-", params)  # fmt: skip
     out.print(table)
     trials = [(t["status"], t["message"], f"[{t.get('lowering')}] " + ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()))
               for t in page["data"]]  # fmt: skip

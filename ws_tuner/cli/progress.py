@@ -19,8 +19,8 @@ from rich.progress import (
 )
 
 from ..candidate import Lowering
-from ..result import Status
-from .common import tflops_text
+from ..result import Status, TrialResult
+from .common import speed_text
 
 SEARCH = "search"  # pipeline.SEARCH, without importing the pipeline (and optuna) to draw a bar
 LOG_INTERVAL = 10.0  # seconds between plain progress lines of a long count
@@ -30,10 +30,11 @@ class TuneProgress:
     """Listens to a Tuner: search candidates count against the budget; baselines and
     warm starts are measured on top and counted apart."""
 
-    def __init__(self, console: Console, budget: int) -> None:
+    def __init__(self, console: Console, budget: int, gbps: Callable[[float], float | None] | None = None) -> None:
         self.console, self.budget = console, budget
+        self.gbps = gbps  # median ms -> GB/s, where the kernel file says what a call moves
         self.searched = self.others = 0
-        self.best: float | None = None
+        self.best: TrialResult | None = None
         self.live = console.is_terminal
         self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[best]}"),
@@ -48,7 +49,9 @@ class TuneProgress:
         self.bar.__exit__(*exc)
 
     def _best_text(self) -> str:
-        return f"best so far {tflops_text(self.best)} TFLOP/s" if self.best is not None else "no timing yet"
+        if self.best is None:
+            return "no timing yet"
+        return "best so far " + speed_text(self.best.tflops, self.gbps(self.best.timing.median_ms) if self.gbps and self.best.timing else None)
 
     def __call__(self, event: str, record: Any) -> None:
         if event in ("anchor", "confirm"):
@@ -65,8 +68,8 @@ class TuneProgress:
         # The best kernel ws-tune can hand over: a vendor library's reading (a baseline
         # to beat, in the final table) is not one.
         ours = record.candidate.lowering is not Lowering.REFERENCE
-        if ours and r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best):
-            self.best = r.tflops
+        if ours and r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best.tflops):
+            self.best = r
         what = f"{r.status.value:>13} {_clip(record.candidate.describe(), 70)}"
         self.bar.update(self.task, completed=min(self.searched, self.budget), description=what, best=self._best_text())
         if not self.live:

@@ -15,9 +15,10 @@ from .common import (
     _fail,
     _task,
     app,
+    err,
     handles_errors,
     out,
-    tflops_text,
+    speed_text,
 )
 
 # --- best / export -------------------------------------------------------------
@@ -34,10 +35,13 @@ def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k:
 
     task = _task(file, shape, None)
     store = open_store(db)
-    key = lookup.workload_key(task, device=device)
-    top = lookup.fastest_compilable(store, key, k=k)
+    asked = lookup.workload_key(task, device=device)
+    key, top = lookup.fastest_on_device(store, asked, k=k)
     if not top:
-        raise _fail(_nothing_timed(store, task, key, f"ws-tune {file} --shape {shape}"), EXIT_NOT_FOUND)
+        raise _fail(_nothing_timed(store, task, asked, f"ws-tune {file} --shape {shape}"), EXIT_NOT_FOUND)
+    if key != asked:
+        err.print(f"note: {key.device} was timed with tilelang {key.tilelang_version}, CUDA {key.cuda_version}, driver {key.driver_version} "
+                  f"(here: {asked.tilelang_version}, {asked.cuda_version}, {asked.driver_version})", markup=False, highlight=False)  # fmt: skip
     return task, key, top
 
 
@@ -59,7 +63,8 @@ def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt,
     r = trial.result
     state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
     vs = f", {r.ratio:.3f}x the anchor's time" if r.ratio is not None else ""
-    out.print(f"# {trial.candidate.describe()}  {tflops_text(r.tflops)} TFLOP/s, {r.timing.median_ms:.4f} ms{vs}; {state}")
+    speed = speed_text(r.tflops, task.spec.gbps(task.problem, r.timing.median_ms))
+    out.print(f"# {trial.candidate.describe()}  {speed}, {r.timing.median_ms:.4f} ms{vs}; {state}")
     source = task.source(trial.candidate)
     if source is not None:
         out.print(source)
@@ -88,6 +93,7 @@ def export(
                 "median_ms": t.result.timing.median_ms if t.result.timing else None,
                 "spread": t.result.timing.spread if t.result.timing else None,
                 "tflops": t.result.tflops,
+                "gbps": task.spec.gbps(task.problem, t.result.timing.median_ms) if t.result.timing else None,
                 "ratio": t.result.ratio,
                 "confirmed": t.result.confirmed,
                 "sm_clock_median_mhz": t.result.info.get("sm_clock_median_mhz"),

@@ -74,6 +74,11 @@ def flops(problem):
     return 2.0 * problem["M"] * problem["N"] * problem["K"]
 
 
+# Optional, for a memory-bound kernel: the bytes one call must move at least, for GB/s.
+# def bytes_moved(problem):
+#     return 2.0 * (problem["M"] * problem["K"] + problem["K"] * problem["N"] + problem["M"] * problem["N"])
+
+
 def vendors(problem):
     """Optional: vendor libraries timed beside the kernel as baselines (here cuBLAS through torch)."""
     import torch.nn.functional as F

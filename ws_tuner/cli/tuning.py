@@ -6,7 +6,7 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.table import Table
@@ -25,7 +25,7 @@ from .common import (
     failure_lines,
     handles_errors,
     out,
-    tflops_text,
+    rate_text,
 )
 from .progress import TuneProgress, counting
 
@@ -81,7 +81,7 @@ def tune(
     options = TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, baselines=baselines,
                           evaluator=EvaluatorConfig(timeout=run_timeout))  # fmt: skip
     runner = None if compile_only else LocalRunner(gpu)
-    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, TuneProgress(err, budget) as progress:
+    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, TuneProgress(err, budget, _gbps(task)) as progress:
         tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
                       options=options, listener=progress)  # fmt: skip
         try:
@@ -127,7 +127,7 @@ def _print_report(report: Any, task: Any) -> None:
     rows = [("ws-tune best", best)] + [(k, report.baseline(k)) for k in BASELINE_KINDS]
     # Nothing searched (a kernel without a schedule space): the baselines, ranked among themselves.
     lead = best or report.best_of(rec for _, rec in rows if rec is not None)
-    out.print(speed_table(rows, lead))
+    out.print(speed_table(rows, lead, _gbps(task)))
     for line in faster_baselines(rows, best):
         out.print(line)
     if best is None and lead is not None:
@@ -142,19 +142,29 @@ def _print_report(report: Any, task: Any) -> None:
             out.print(source)
 
 
-def speed_table(rows: list[tuple[str, Any]], best: Any) -> Table:
-    """TFLOP/s, time and ratio of each row's result; confirmed ones were re-timed together in the final tournament."""
+def _gbps(task: Any) -> Callable[[float], float | None] | None:
+    """Median ms -> GB/s, where the kernel file says what a call moves (``bytes_moved``)."""
+    if task.spec.bytes_moved(task.problem) is None:
+        return None
+    return lambda ms: task.spec.gbps(task.problem, ms)
+
+
+def speed_table(rows: list[tuple[str, Any]], best: Any, gbps: Callable[[float], float | None] | None = None) -> Table:
+    """TFLOP/s (and GB/s, given ``gbps``), time and ratio of each row's result; confirmed
+    ones were re-timed together in the final tournament."""
     speed = Table(title="speed (steady state; confirmed = re-timed together in the final tournament)")
-    for col in ("schedule", "TFLOP/s", "median ms", "\u00b1 (95%)", "vs anchor", "confirmed", "best / this"):
+    columns = ["schedule", "TFLOP/s"] + ["GB/s"] * (gbps is not None) + ["median ms", "\u00b1 (95%)", "vs anchor", "confirmed", "best / this"]
+    for col in columns:
         speed.add_column(col, justify="left" if col == "schedule" else "right")
     for name, rec in rows:
         if rec is None:
-            speed.add_row(name, *["-"] * 6)
+            speed.add_row(name, *["-"] * (len(columns) - 1))
             continue
         r = rec.result
         ci = r.info.get("ratio_ci") if rec is not best else r.info.get("time_ci", r.info.get("ratio_ci"))
         vs_best = _relative(best.result, r) if best else None
-        speed.add_row(name, tflops_text(r.tflops), f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
+        moved = [rate_text(gbps(r.timing.median_ms))] if gbps is not None else []
+        speed.add_row(name, rate_text(r.tflops), *moved, f"{r.timing.median_ms:.4f}", f"{ci:.1%}" if ci is not None else "-",
                       f"{r.ratio:.3f}" if r.ratio is not None else "-", "yes" if r.confirmed else "no",
                       f"{vs_best:.3f}x" if vs_best else "-")  # fmt: skip
     return speed

@@ -165,7 +165,7 @@ class Registry(OnStore):
             TrialModel.status == Status.OK.value,
             TrialModel.median_ms.is_not(None),
             # What tilelang can compile: a WS schedule or its own lowerings, never the
-            # vendor reference (as ws_tuner.lookup.fastest_compilable).
+            # vendor reference (as ws_tuner.lookup.fastest_on_device).
             CandidateModel.lowering != Lowering.REFERENCE.value,
         ]
 
