@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
@@ -148,6 +149,8 @@ class SpaceCount:
     params_counted: int = 0  # kernel-parameter points counted ...
     params_total: int = 0  # ... of the grid's (fewer: an estimate, scaled to the grid)
     stages_sampled: int = 0  # plans whose stage choices were counted at a sample, scaled
+    kept_by_point: list[float] = field(default_factory=list)  # kept at each counted point (0: pruned, or another's)
+    kept_margin: int = 0  # half-width of the 95% interval of a scaled ``kept`` over which points were drawn
 
     def prune(self, reason: str, n: float = 1) -> None:
         kind = reason.split(":", 1)[0]
@@ -161,9 +164,20 @@ class SpaceCount:
     def scaled(self) -> SpaceCount:
         """The counts of a sample of the grid's kernel-parameter points, scaled to all of
         them, in whole points."""
-        f = self.params_total / self.params_counted if self.params_counted else 1
-        pruned = Counter({kind: round(n * f) for kind, n in self.pruned.items()})
-        return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, self.params_counted, self.params_total, self.stages_sampled)
+        n, N = self.params_counted, self.params_total
+        f = N / n if n else 1
+        pruned = Counter({kind: round(k * f) for kind, k in self.pruned.items()})
+        margin = 0.0
+        if 1 < n < N and len(self.kept_by_point) == n:  # the standard error of a sample's total, drawn without replacement
+            margin = 1.96 * N * math.sqrt(statistics.variance(self.kept_by_point) / n * (1 - n / N))
+        return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, n, N, self.stages_sampled,
+                          list(self.kept_by_point), round(margin))  # fmt: skip
+
+    @property
+    def points_with_candidates(self) -> int:
+        """Counted kernel-parameter points that keep any candidate: an estimate that rests on
+        few of them (most points building another's kernels) is rough, whatever its interval."""
+        return sum(1 for k in self.kept_by_point if k)
 
 
 class SeedShape:
@@ -214,6 +228,8 @@ class SeedShape:
         other light roles of such a plan take either list: one that shares the gatherers'
         warpgroup must take their budget."""
         c = self.config
+        if not self.info.budgets:  # the kernel opts out at this point (threads=512, say), not at others: a name of its own
+            return f"nreg.{role}.none", (0,)
         if role in self.analysis.heavy:
             return f"nreg.{role}", c.consumer_nreg
         gatherers = self.gatherers(plan)

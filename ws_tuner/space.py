@@ -147,8 +147,10 @@ class ScheduleSpace:
         # what only the kernel can change, where no seed of it has it (the GEMM example's sync seeds beside its async ones say nothing)
         kernel_side = [msg for key, msg in seeds[0].kernel_side.items() if all(key in s.kernel_side for s in seeds)] if seeds else []
         notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + sorted(self._notes)
-        if any(not isinstance(shape, str) and not shape.info.budgets for shape in self._shapes.values()):
-            notes.append("register budgets: none, as the kernel asks (T.no_set_max_nreg)")
+        shapes = [shape for shape in self._shapes.values() if not isinstance(shape, str)]
+        if unbudgeted := sum(not shape.info.budgets for shape in shapes):
+            where = "" if unbudgeted == len(shapes) else f" at {unbudgeted} of the {len(shapes)} points seen"
+            notes.append(f"register budgets: none{where}, as the kernel asks (T.no_set_max_nreg or T.disable_warp_group_reg_alloc)")
         return list(dict.fromkeys(notes))
 
     def axes(self, grid: Iterable[ParamsKey] | None = None) -> dict[str, tuple[Any, ...]]:
@@ -180,10 +182,13 @@ class ScheduleSpace:
         chosen = self.param_sample(sample, seed)
         count = SpaceCount(params_counted=len(chosen), params_total=sum(1 for _ in self.param_points()))
         rng = random.Random(seed)
-        for *_, survivors, weight in self._structures(count, chosen, stages, rng):
+        by_point: Counter = Counter()
+        for params, *_, survivors, weight in self._structures(count, chosen, stages, rng):
             count.kept += len(survivors) * weight
+            by_point[params] += len(survivors) * weight
             if tick is not None:
                 tick(round(count.total), round(count.kept))
+        count.kept_by_point = [by_point[p] for p in chosen]
         return count.scaled()
 
     def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey], stage_sample: int | None = None, rng: random.Random | None = None) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]], float]]:

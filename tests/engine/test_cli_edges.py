@@ -259,3 +259,31 @@ def test_a_memory_bound_kernel_reads_in_gb_per_s_where_its_file_says_what_it_mov
     assert json.loads(out.read_text())["results"][0]["gbps"] == pytest.approx(gbps)
     # A kernel file that does not say what it moves reads in TFLOP/s only.
     assert load_kernel(data_dir / "plain_gemm.py").gbps({"M": 1, "N": 1, "K": 1}, ms) is None
+
+
+def test_a_value_error_from_inside_a_library_is_an_internal_error_not_bad_input(monkeypatch, capsys):
+    """Optuna's "CategoricalDistribution does not support dynamic value space" read as bad
+    input (exit 2), and WS_TUNE_DEBUG could not show where it came from."""
+    import optuna
+
+    from ws_tuner.cli.common import handles_errors
+    from ws_tuner.shape import SpaceConfig
+
+    @handles_errors
+    def library():
+        optuna.distributions.CategoricalDistribution([])
+
+    @handles_errors
+    def ours():
+        SpaceConfig(producer_nreg=(7,))
+
+    with pytest.raises(typer.Exit) as exit_library:
+        library()
+    with pytest.raises(typer.Exit) as exit_ours:
+        ours()
+    err = capsys.readouterr().err
+    assert (exit_library.value.exit_code, exit_ours.value.exit_code) == (1, 2)
+    assert "internal error: ValueError:" in err and "WS_TUNE_DEBUG=1" in err and "setmaxnreg budgets are 0 or multiples of 8" in err
+    monkeypatch.setenv("WS_TUNE_DEBUG", "1")
+    with pytest.raises(ValueError):
+        library()

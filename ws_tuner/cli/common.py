@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import sysconfig
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -96,6 +97,21 @@ def _compiler_errors() -> tuple[type[Exception], ...]:
     return (compiler.CompilerError,) if compiler is not None else ()
 
 
+def _library_error(exc: BaseException) -> bool:
+    """Raised inside an installed library (Optuna, SQLAlchemy, TVM) rather than by ws-tune or
+    the user's kernel file on what they were given: a ValueError there is a bug, not bad input."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    where = Path(tb.tb_frame.f_code.co_filename).resolve()
+    if where.is_relative_to(Path(__file__).resolve().parents[1]):  # ws_tuner, however it is installed
+        return False
+    paths = sysconfig.get_paths()
+    return any(where.is_relative_to(Path(paths[k]).resolve()) for k in ("purelib", "platlib", "stdlib"))
+
+
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Known failures become one line and exit code 2; anything else one line and 1."""
 
@@ -107,17 +123,23 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except (KernelFileError, StoreError, ValueError, *_compiler_errors()) as exc:
+            if isinstance(exc, ValueError) and _library_error(exc):
+                return _internal(exc)
             raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         except typer.Exit:
             raise
         except KeyboardInterrupt:
             raise _fail("interrupted", 130) from None
         except Exception as exc:  # noqa: BLE001 - the promise is: no traceback
-            if os.environ.get("WS_TUNE_DEBUG"):
-                raise
-            raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
+            return _internal(exc)
 
     return wrapper
+
+
+def _internal(exc: Exception) -> None:
+    if os.environ.get("WS_TUNE_DEBUG"):
+        raise exc
+    raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
 
 
 def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = None) -> Any:

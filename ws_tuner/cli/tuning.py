@@ -189,6 +189,18 @@ def _relative(best: Any, other: Any) -> float | None:
 
 
 # --- space ------------------------------------------------------------------
+def _kept_interval(count: SpaceCount) -> str:
+    """How far a sampled count of the kept candidates can be trusted: its 95% interval, or,
+    where it rests on a few points (most of the grid pruned or building others' kernels), that it is rough."""
+    if count.params_counted >= count.params_total:
+        return ""
+    few = count.points_with_candidates
+    if few < min(5, count.params_counted):
+        return f" (rough: {few} of the {count.params_counted} points counted keep any, the rest are pruned or build another's kernels)"
+    low = max(count.kept - count.kept_margin, round(sum(count.kept_by_point)))  # those counted exist
+    return f" (95% interval {low}-{count.kept + count.kept_margin})"
+
+
 # Kernel-parameter points counted by default: the seed of each is a tilelang PrimFunc,
 # and counting every point of a grid of hundreds takes many minutes.
 SPACE_SAMPLE = 48
@@ -228,13 +240,13 @@ def space(
     if count.estimated:
         basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points"] * (count.params_counted < count.params_total)
         basis += [f"{STAGE_SAMPLE} random stage choices of each of {count.stages_sampled} plans with more"] * bool(count.stages_sampled)
-        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after, estimated at {' and '.join(basis)} "
+        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after{_kept_interval(count)}, estimated at {' and '.join(basis)} "
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
-    served = len(sp.served_points())
-    if not count.kept and served and next(sp.walk(walked := SpaceCount()), None) is None:
+    # (asked only where nothing was kept: which points the kernel serves takes a PrimFunc of each)
+    if not count.kept and (served := len(sp.served_points())) and next(sp.walk(walked := SpaceCount()), None) is None:
         err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
     _print_limits(sp)
 
