@@ -286,10 +286,11 @@ def _evaluate(run_input: Any, bench: CudaBench, task: Any, launch: Callable[[lis
     info: dict[str, Any] = {}
     try:
         for _ in range(max(run_input.config.checks, 1)):
-            error = _check(task, launch, candidate)
-            info["max_rel_error"] = max(info.get("max_rel_error", 0.0), error)
-            if not error < task.spec.tolerance:  # NaN fails too
-                return TrialResult(candidate.hash, Status.WRONG, f"relative error {error:.3g} >= {task.spec.tolerance:g}", info=info)
+            errors = _check(task, launch, candidate)
+            info["max_rel_error"] = max(info.get("max_rel_error", 0.0), *errors)
+            wrong = task.spec.wrong(errors)
+            if wrong:
+                return TrialResult(candidate.hash, Status.WRONG, wrong, info=info)
         args = task.spec.inputs(task.problem, "cuda")
         bench.kernels[CANDIDATE] = functools.partial(launch, args)
         kernels = [CANDIDATE]
@@ -339,9 +340,8 @@ def poison(out: Any) -> None:
         out.fill_(torch.iinfo(out.dtype).max)
 
 
-def _check(task: Any, launch: Callable[[list[Any]], Any], candidate: Candidate) -> float:
-    """Relative error of one run on fresh random inputs, outputs poisoned first."""
-    torch = _torch()
+def _check(task: Any, launch: Callable[[list[Any]], Any], candidate: Candidate) -> list[float]:
+    """Relative error of each output of one run on fresh random inputs, outputs poisoned first."""
     args = task.spec.inputs(task.problem, "cuda")
     outputs = [args[i] for i in task.spec.outputs]
     if candidate.lowering is Lowering.REFERENCE:
@@ -352,12 +352,15 @@ def _check(task: Any, launch: Callable[[list[Any]], Any], candidate: Candidate) 
         _sync_or_raise(lambda: launch(args))
         got = [o.float() for o in outputs]
     expected = [e.float() for e in task.spec.reference(task.problem, args)]
-    worst = 0.0
-    for g, e in zip(got, expected):
-        if torch.isnan(g).any():
-            return float("nan")
-        worst = max(worst, (torch.linalg.vector_norm(g - e) / torch.linalg.vector_norm(e).clamp_min(1e-30)).item())
-    return worst
+    return [relative_error(g, e) for g, e in zip(got, expected)]
+
+
+def relative_error(got: Any, expected: Any) -> float:
+    """``|got - expected| / |expected|`` (NaN where the kernel left a poisoned element)."""
+    torch = _torch()
+    if torch.isnan(got).any():
+        return float("nan")
+    return (torch.linalg.vector_norm(got - expected) / torch.linalg.vector_norm(expected).clamp_min(1e-30)).item()
 
 
 def tournament(run_inputs: list[Any]) -> list[TrialResult]:

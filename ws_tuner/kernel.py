@@ -28,7 +28,9 @@ A kernel file is a Python module that defines, at top level:
     outputs are filled with NaN before the correctness check, to catch
     elements the kernel forgets to write; these are zeroed after that.)
 ``reference(problem: dict, args: list[torch.Tensor]) -> list[torch.Tensor]``
-    The expected outputs, one per entry of ``OUTPUTS``.
+    The expected outputs, one per entry of ``OUTPUTS``. It is called after the
+    kernel ran on ``args``: where several answers are right (top-k indices
+    among tied scores), it may read the kernel's outputs there and accept them.
 ``flops(problem: dict) -> float``
     Floating-point operations of one call, for TFLOP/s.
 ``bytes_moved(problem: dict) -> float`` (optional)
@@ -49,8 +51,9 @@ A kernel file is a Python module that defines, at top level:
     program as they see fit, are not built as baselines at such points.
     Also values that change only the seed, not the program: the same
     baselines are built at the parameter's other values.
-``TOLERANCE: float`` (optional, default 1e-2)
-    Largest relative error ``|out - ref| / |ref|`` that counts as correct.
+``TOLERANCE: float | list[float]`` (optional, default 1e-2)
+    Largest relative error ``|out - ref| / |ref|`` that counts as correct; a
+    list gives one per entry of ``OUTPUTS`` (0 for indices, which must match).
 ``vendors(problem: dict) -> dict[str, Callable[[list], list]]`` (optional)
     Vendor-library implementations of the same computation, timed as
     baselines beside the kernel: name -> a function taking the kernel's
@@ -89,7 +92,8 @@ class KernelSpec:
     params: dict[str, tuple[Any, ...]]
     outputs: tuple[int, ...] = (-1,)
     reset_to_zero: tuple[int, ...] = ()
-    tolerance: float = 1e-2
+    tolerance: float = 1e-2  # the loosest of ``tolerances``
+    tolerances: tuple[float, ...] = ()  # one per output; empty: ``tolerance`` for each
     scheduled_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     module: ModuleType | None = field(default=None, compare=False, repr=False)
 
@@ -115,6 +119,14 @@ class KernelSpec:
         """GB/s of one call taking ``median_ms``, where the file says what it moves."""
         moved = self.bytes_moved(problem)
         return moved / (median_ms * 1e-3) / 1e9 if moved is not None and median_ms > 0 else None
+
+    def wrong(self, errors: list[float]) -> str | None:
+        """Why outputs with these relative errors (one per ``OUTPUTS`` entry) are wrong, or None."""
+        for i, (error, allowed) in enumerate(zip(errors, self.tolerances or (self.tolerance,) * len(errors))):
+            if not error <= allowed:  # NaN fails too
+                which = f"output {self.outputs[i]}: " if len(errors) > 1 else ""
+                return f"{which}relative error {error:.3g} > {allowed:g}"
+        return None
 
     def launch(self, kernel: Callable[..., Any], args: list[Any]) -> Any:
         """One launch of a compiled kernel on ``args``, from the state ``inputs`` gave them."""
@@ -274,6 +286,7 @@ def load_kernel(path: str | Path) -> KernelSpec:
     reset = getattr(module, "RESET_TO_ZERO", ())
     if not isinstance(reset, (list, tuple)) or any(i not in outputs for i in reset):
         raise KernelFileError(f"{path}: RESET_TO_ZERO must list entries of OUTPUTS {list(outputs)}, got {reset!r}")
+    tolerances = _tolerances(getattr(module, "TOLERANCE", 1e-2), outputs, path)
     return KernelSpec(
         name=name,
         path=path.resolve(),
@@ -283,7 +296,16 @@ def load_kernel(path: str | Path) -> KernelSpec:
         params={k: tuple(v) for k, v in params.items()},
         outputs=outputs,
         reset_to_zero=tuple(reset),
-        tolerance=float(getattr(module, "TOLERANCE", 1e-2)),
+        tolerance=max(tolerances),
+        tolerances=tolerances if isinstance(getattr(module, "TOLERANCE", None), (list, tuple)) else (),
         scheduled_only={k: tuple(v) for k, v in _mapping_of_lists(module, "SCHEDULED_ONLY", path).items()},
         module=module,
     )
+
+
+def _tolerances(value: Any, outputs: tuple[int, ...], path: Path) -> tuple[float, ...]:
+    """TOLERANCE as one bound per output."""
+    given = tuple(value) if isinstance(value, (list, tuple)) else (value,) * len(outputs)
+    if len(given) != len(outputs) or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 for t in given):
+        raise KernelFileError(f"{path}: TOLERANCE must be a number >= 0 or one per entry of OUTPUTS {list(outputs)}, got {value!r}")
+    return tuple(float(t) for t in given)

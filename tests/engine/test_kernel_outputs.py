@@ -74,3 +74,25 @@ def test_every_output_type_is_poisoned_before_the_check():
         poison(out)
     assert torch.isnan(floats).all()
     assert (ints == 2**31 - 1).all() and (small == 127).all()
+
+
+def test_each_output_has_its_own_tolerance(tmp_path, data_dir):
+    """Top-k indices must match (up to ties, which the reference accepts): two indices
+    swapped are 0.6% off in norm, under the 1e-2 that the scores beside them get."""
+    from ws_tuner.gpu import relative_error
+
+    spec = load_kernel(data_dir / "indexer_topk.py")
+    assert spec.outputs == (3, 4) and spec.tolerances == (0.0, 1e-2) and spec.tolerance == 1e-2
+    indices = torch.arange(64, dtype=torch.float32).repeat(4, 1)
+    swapped = indices.clone()
+    swapped[0, [10, 11]] = swapped[0, [11, 10]]
+    scores = torch.rand(4, 64)
+    errors = [relative_error(swapped, indices), relative_error(scores * 1.001, scores)]
+    assert 0 < errors[0] < 1e-2 and spec.wrong(errors) == f"output 3: relative error {errors[0]:.3g} > 0"
+    assert spec.wrong([0.0, errors[1]]) is None and spec.wrong([0.0, float("nan")]).startswith("output 4: relative error nan")
+    plain = load_kernel(data_dir / "plain_gemm.py")  # one number for every output, as before
+    assert plain.tolerances == () and plain.wrong([0.02]) == "relative error 0.02 > 0.01" and plain.wrong([0.005]) is None
+    bad = tmp_path / "bad_tolerance.py"
+    bad.write_text((data_dir / "indexer_topk.py").read_text().replace("TOLERANCE = [0, 1e-2]", "TOLERANCE = [1e-2]"))
+    with pytest.raises(KernelFileError, match=r"TOLERANCE must be a number >= 0 or one per entry of OUTPUTS \[3, 4\], got \[0.01\]"):
+        load_kernel(bad)

@@ -168,6 +168,10 @@ CASES = {
     "kda_delta_bwd": (DATA / "kda_delta_bwd.py", "B=1,S=2048,H=4", {"block_DV": (32,), "num_stages": (0, 1), "threads": (32, 128)}),
     # tilelang's plain GQA forward (role_based's seed: Load and Store warps, one Worker; V one stage behind K reachable)
     "gqa_fwd": (DATA / "gqa_fwd.py", "batch=1,heads=32,seq_len=2048,dim=128,groups=8,is_causal=1", {}),
+    # Stop 45: tilelang's MXFP4 GEMM (B dequantized by PTX twiddling in the loop; no register budgets at 512
+    # threads) and DeepSeek-V3.2's indexer top-k (an MMA, then bitonic sorts through shared memory; indices exact up to ties).
+    "mxfp4_gemm": (DATA / "mxfp4_gemm.py", "M=2048,N=2048,K=2048", {"block_K": (128,), "split": (1,), "threads": (256, 512)}),
+    "indexer_topk": (DATA / "indexer_topk.py", "seq_len=2048", {}),
 }
 
 
