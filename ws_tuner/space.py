@@ -171,16 +171,18 @@ class ScheduleSpace:
             for label, nregs in survivors:
                 yield Point(params, label, plan.layout, depths, stages, nregs, plan.moved, asynchronous), shape
 
-    def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0, stages: int | None = STAGE_SAMPLE) -> SpaceCount:
+    def count(self, tick: Callable[[int, int], None] | None = None, *, sample: int | None = None, seed: int = 0, stages: int | None = STAGE_SAMPLE,
+              at: Sequence[ParamsKey] | None = None) -> SpaceCount:
         """Sizes before and after pruning; register budgets are counted, not enumerated.
         ``tick(total, kept)`` hears the running counts (a count can take a minute).
         ``sample``: count only that many kernel-parameter points, drawn at random, and
         scale to the whole grid (an estimate, ``estimated``): deriving the seed of every
         point of a large grid takes minutes (each is a tilelang PrimFunc). ``stages``:
         where a structure has more stage choices than that, count a random sample of
-        them and scale (None: every one)."""
-        chosen = self.param_sample(sample, seed)
-        count = SpaceCount(params_counted=len(chosen), params_total=sum(1 for _ in self.param_points()))
+        them and scale (None: every one). ``at``: count these points only, as if the grid
+        held no others."""
+        chosen = self.param_sample(sample, seed) if at is None else list(at)
+        count = SpaceCount(params_counted=len(chosen), params_total=len(chosen) if at is not None else sum(1 for _ in self.param_points()))
         rng = random.Random(seed)
         by_point: Counter = Counter()
         for params, *_, survivors, weight in self._structures(count, chosen, stages, rng):

@@ -160,6 +160,21 @@ def test_when_no_variant_survives_the_reason_is_the_seeded_points(tmp_path, data
     assert "no variant of the seed survives static pruning (e.g. mma: role Worker's 4 warps would split its 16x64 accumulator 1x4" in tuned.stderr
 
 
+def test_the_reason_nothing_survives_comes_from_the_points_the_kernel_serves(tmp_path, data_dir):
+    """The indexer top-k at topk=16 without its MMA refusal: check() refuses 6 of the 8 points
+    (block_K past topk: the most pruned), the 2 it serves lose every variant to the MMA split rule.
+    The line gave the refusal of points the kernel does not serve."""
+    source = (data_dir / "indexer_topk.py").read_text()
+    refusal = "    if not any(warps % m == 0 and params"
+    assert refusal in source
+    file = tmp_path / "indexer_topk.py"
+    file.write_text(source.replace(refusal, "    if False and not any(warps % m == 0 and params"))
+    proc = ws_tune("space", str(file), "--shape", "seq_len=64,topk=16,heads=8")
+    assert proc.returncode == 0, proc.stderr
+    assert "a tuning: no variant of the seed survives static pruning (e.g. mma: role Worker's" in proc.stderr, proc.stderr
+    assert "at the 2 kernel-parameter points the kernel serves" in proc.stderr
+
+
 def test_a_root_scope_pipeline_and_an_int_choice_of_zero_are_accepted(data_dir):
     proc = ws_tune("space", str(data_dir / "flash_fwd.py"), "--shape", "S=1024,causal=0")
     assert proc.returncode == 0, proc.stderr

@@ -71,7 +71,7 @@ def tune(
         reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
         if not sp.served_points():
             raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
-        err.print(_nothing_to_search(sp, count))
+        err.print(_nothing_to_search(sp))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     store = open_store(db)  # a database error is the one line, before any note
     _print_limits(sp)
@@ -246,12 +246,12 @@ def space(
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
     # (asked only where nothing was kept: which points the kernel serves takes a PrimFunc of each)
-    if not count.kept and (served := len(sp.served_points())) and next(sp.walk(walked := SpaceCount()), None) is None:
-        err.print(f"a tuning: {_nothing_to_search(sp, walked)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
+    if not count.kept and (served := len(sp.served_points())) and next(sp.walk(), None) is None:
+        err.print(f"a tuning: {_nothing_to_search(sp)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
     _print_limits(sp)
 
 
-def _nothing_to_search(sp: Any, count: Any) -> str:
+def _nothing_to_search(sp: Any) -> str:
     """Why a space that keeps no candidate keeps none, and what a tuning measures instead,
     at a problem where the kernel serves some point."""
     served = sp.served_points()
@@ -259,7 +259,8 @@ def _nothing_to_search(sp: Any, count: Any) -> str:
         reasons = Counter(sp.shape(p) for p in served).most_common()
         others = f"; {len(served) - reasons[0][1]} of the {len(served)} points for other reasons" if len(reasons) > 1 else ""
         return f"no schedule space ({reasons[0][0]}{others}): measuring tilelang's own lowerings and the vendors only"
-    # why the seeded points' variants went, not why the other points have no seed or stand for another
+    # why the served, seeded points' variants went, not why other points are refused, have no seed or stand for another
+    count = sp.count(at=[p for p in served if not isinstance(sp.shape(p), str)])
     reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), "the space is empty")
     return f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only"
 
