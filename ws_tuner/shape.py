@@ -13,6 +13,7 @@ two coincide), so a sampler sees one choice list per decision name.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -210,9 +211,19 @@ class SeedShape:
 
     @property
     def roles_decision(self) -> str:
-        """The name of the warp-range decision: its labels depend on the number of consumer roles."""
+        """The name of the warp-range decision: its labels depend on the number of consumer
+        roles and on the warpgroup counts offered (``warpgroup_choices``)."""
         n = len(self.analysis.heavy)
-        return "roles" if n == 1 else f"roles.{n}"
+        name = "roles" if n == 1 else f"roles.{n}"
+        wgs = self.warpgroup_choices
+        return name if wgs == self.config.consumer_warpgroups else f"{name}.wg{''.join(map(str, wgs))}"
+
+    @functools.cached_property
+    def warpgroup_choices(self) -> tuple[int, ...]:
+        """Warpgroups a consumer role may take: the configured counts, and the seed's own (a
+        512-thread GEMM's four, tilelang's default lowering's fastest point of the MXFP4 GEMM)."""
+        own = {r.warps // WARPS_PER_GROUP for r in self.seed.roles if r.name in self.analysis.heavy and r.warps % WARPS_PER_GROUP == 0}
+        return tuple(sorted({*self.config.consumer_warpgroups, *own}))
 
     def canonical(self, point: Point) -> Point:
         """The point with its labels resolved to the layouts they name for this seed."""
@@ -287,7 +298,7 @@ class SeedShape:
         seen: dict[tuple, str] = {}
         own = (tuple(sorted((r.name, (r.warp_lo, r.warp_hi)) for r in self.seed.roles)), self.seed.num_warps)
         gathers = self.gathering
-        for wgs in itertools.product(c.consumer_warpgroups, repeat=len(consumers)):
+        for wgs in itertools.product(self.warpgroup_choices, repeat=len(consumers)):
             for kind, first in itertools.product(c.producer_kinds, c.producer_first):
                 label = Split(wgs, kind, first).label
                 # Two warps per light role only help a gather; elsewhere "pair" names the one-warp layout.
@@ -367,6 +378,7 @@ class SeedShape:
         """The structure tilelang's default warp specialization gives a pipelined loop,
         as points of this space: the seed's consumer warpgroups after one producer
         warpgroup (or the light roles packed as ``packing`` says: ``lowering_packings``),
+        then before it,
         the buffers in the ``pipelines`` layout at the seed's depth (each pipeline
         released after the last op that reads it), the seed's stages, producers
         at the smallest register budget and consumers at each budget, largest first (the
@@ -378,10 +390,13 @@ class SeedShape:
         search seeded only by role_based's guess may not come near it (5x slower seeds
         seen where role_based's budget spills). Empty where the space cannot express it."""
         heavy = [r for r in self.seed.roles if r.name in self.analysis.heavy]
-        label = self.split_alias.get(Split(tuple(r.warps // WARPS_PER_GROUP for r in heavy), packing, True).label)
+        wgs = tuple(r.warps // WARPS_PER_GROUP for r in heavy)
+        # Producers first, then last: tilelang renumbers the consumers' thread index, the space does not,
+        # so a kernel that reads it (an MXFP4 dequant by thread) keeps its consumers on the seed's warps.
+        labels = [label for first in (True, False) if (label := self.split_alias.get(Split(wgs, packing, first).label))]
         layout = self.analysis.layout_alias.get(pipelines)
         # A gather by cp.async in two warps, one through registers in one (``lowering_packings``).
-        if label is None or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing != "warpgroup" and (packing == "pair") != bool(asynchronous)):
+        if not labels or layout is None or any(r.warps % WARPS_PER_GROUP for r in heavy) or (packing != "warpgroup" and (packing == "pair") != bool(asynchronous)):
             return []
         plan = self.plan(layout, moved)
         if plan.infeasible:
@@ -405,7 +420,7 @@ class SeedShape:
         def nreg(role: str, budget: tuple[int, int, int]) -> int:
             return budget[0] if role in self.analysis.heavy else budget[1] if role in gatherers else budget[2]
 
-        return [Point(params, label, layout, depths, stages, tuple(nreg(r, b) for r in plan.roles), moved, asynchronous) for b in budgets]
+        return [Point(params, label, layout, depths, stages, tuple(nreg(r, b) for r in plan.roles), moved, asynchronous) for label in labels for b in budgets]
 
     @staticmethod
     def stage_choices(plan: Plan) -> Iterator[tuple[int, ...]]:

@@ -69,8 +69,12 @@ def test_space_prints_axes_and_counts(example_path):
     # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.
     sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", pins, "--sample", "16")
     assert sampled.returncode == 0, sampled.stderr
-    est_before, est_after = map(int, re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after, estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split())).groups())
+    found = re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after \((.*?)\), estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split()))
+    est_before, est_after = map(int, found.group(1, 2))
     assert 0 < est_after <= est_before and before / 4 <= est_before <= 4 * before
+    # with how far to trust it: an interval that holds what was counted, or a word that it is rough
+    interval = re.fullmatch(r"95% interval (\d+)-(\d+)", found.group(3))
+    assert (interval and int(interval.group(1)) <= est_after <= int(interval.group(2))) or found.group(3).startswith("rough: "), found.group(3)
 
 
 def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):
