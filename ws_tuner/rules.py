@@ -174,9 +174,9 @@ def register_reason(schedule: Schedule) -> str | None:
         # undefined: on the H200 such roles died with "illegal instruction".
         up = raised.get(role.warpgroups()[0])  # None: no budget, nothing moves
         if up is not None and (role.max_nreg < start if up else role.max_nreg > start):
-            return (f"nreg: {role.name} max_nreg {role.max_nreg} would be {'raised' if up else 'lowered'} (setmaxnreg."
-                    f"{'inc' if up else 'dec'}, {'at or above' if up else 'below'} the mean budget {mean}, a warpgroup "
-                    f"without one counted as 0) from the {start} registers per thread it starts with")  # fmt: skip
+            return (f"nreg: {role.name} max_nreg {role.max_nreg} is {'below' if up else 'above'} the {start} registers per thread "
+                    f"it starts with, yet tilelang would {'raise' if up else 'lower'} it to that (setmaxnreg.{'inc' if up else 'dec'}: "
+                    f"{'at or above' if up else 'below'} the mean budget {mean}, a warpgroup without one counted as 0), which is undefined")  # fmt: skip
     # The pool is what the block launched with, not the register file: setmaxnreg.inc waits
     # for registers that .dec has freed, so budgets over it hang (at 384 threads, 168 x 384
     # = 64512; 216/216/80 hung on the H200, run 29). A warp without a budget keeps its share.
