@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=200, help="points drawn per kernel file")
     ap.add_argument("--survivors", type=int, default=50, help="points drawn among the survivors of the static rules")
     ap.add_argument("--compile", type=int, default=0, dest="compile_n", help="verified candidates per file built with nvcc")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="parallel nvcc builds with --compile (default: 2)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random draws (default: 0)")
     ap.add_argument("--points", type=int, help="count at this many kernel-parameter points, drawn at random, and scale (default: all)")
     ap.add_argument("--out", type=Path, help="write the rows as JSON")
     ap.add_argument("--shape", help="the problem, as ws-tune --shape takes it (default: each file's audit problem; with files named only)")
@@ -230,17 +230,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"space_audit: not a usable kernel file: {', '.join(bad)}", file=sys.stderr)
         return 2
     rows = []
+    print(table([]), flush=True)  # the header, then a row as each file is done
     for path, task in tasks:
         assert task is not None
         rows.append(audit(task, samples=args.samples, survivors=args.survivors, compile_n=args.compile_n, jobs=args.jobs, seed=args.seed, points=args.points))
         print(table(rows[-1:]).splitlines()[1], flush=True)
+        print(f"    at {rows[-1].problem}", flush=True)
         if rows[-1].kept == 0 and set(rows[-1].pruned_by) == {"kernel"}:
             print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
         elif rows[-1].seed_point_is_seed is None:
             print("    no kernel-parameter point counted has a seed schedule: nothing to vary (`ws-tune space` says why)", flush=True)
         for message in rows[-1].rejected + rows[-1].compile_failed:
             print(f"    {message}", flush=True)
-    print(table(rows))
+    if len(rows) > 1:  # all of them together, without the notes between
+        print(table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps([a.row() for a in rows], indent=1, default=str))

@@ -4,6 +4,7 @@ nothing is created on the way."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -287,3 +288,12 @@ def test_a_value_error_from_inside_a_library_is_an_internal_error_not_bad_input(
     monkeypatch.setenv("WS_TUNE_DEBUG", "1")
     with pytest.raises(ValueError):
         library()
+
+
+def test_a_pin_off_the_files_grid_is_tried_with_a_note(data_dir):
+    """--param threads=384 where PARAMS lists 128 and 256: a value to try, or a typo; it is
+    tried, and the user hears that it is not among the file's own."""
+    proc = ws_tune("space", str(data_dir / "rmsnorm.py"), "--shape", "M=1024,N=1024", "--param", "threads=384,blk_m=1", "--sample", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == "note: --param threads=384 is not among rmsnorm's PARAMS (128, 256)"
+    assert re.search(r"param\.threads\s*│\s*384\s*│", proc.stdout) and "blk_m=1" not in proc.stderr  # an on-grid pin says nothing

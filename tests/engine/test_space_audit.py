@@ -112,3 +112,11 @@ def test_an_audit_of_a_kernel_without_a_seed_says_so_rather_than_true():
     assert row.problem == {"M": 8192, "N": 8192}
     assert row.seed_point_is_seed is None and row.kept == 0 and set(row.pruned_by) == {"seed"}
     assert audit_script.table([row]).splitlines()[1].split()[3] == "-"
+
+
+def test_an_audit_of_one_file_prints_its_header_once_then_the_row_and_its_problem(capsys):
+    """A helper's one-file audit printed the row above the header, then the whole table again."""
+    assert audit_script.main(["--samples", "5", "--survivors", "2", "--points", "2", str(ROOT / "tests" / "data" / "rmsnorm.py")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("kernel ") and sum(ln.startswith("kernel ") for ln in lines) == 1
+    assert lines[1].startswith("rmsnorm.py ") and lines[2].startswith("    at {'M': ") and not any(ln.startswith("rmsnorm.py") for ln in lines[2:]), lines

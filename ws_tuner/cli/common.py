@@ -149,7 +149,11 @@ def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = 
 
     spec = load_kernel(file)
     config = SpaceConfig.from_toml(space) if space else None
-    return Task.make(spec, spec.parse_problem(shape), spec.parse_params(param), config)
+    grid = spec.parse_params(param)
+    for key, (value,) in ((k, v) for k, v in grid.items() if v != spec.params[k]):
+        if value not in spec.params[key]:  # allowed (a value to try), but likely a typo
+            err.print(f"note: --param {key}={value} is not among {spec.name}'s PARAMS ({', '.join(map(str, spec.params[key]))})", markup=False, highlight=False)
+    return Task.make(spec, spec.parse_problem(shape), grid, config)
 
 
 PASSED = (None, "ok", "built")  # statuses that are no failure (None: not measured yet)

@@ -39,7 +39,7 @@ def tune(
     shape: str = ShapeOpt,
     param: Optional[str] = ParamOpt,
     space_config: Optional[Path] = SpaceOpt,
-    budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines come on top)"),
+    budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines and warm starts come on top)"),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Seconds of search: its clock starts after the baselines and warm starts, which are measured in full"),
     strategy: str = typer.Option("tpe", "--strategy", help="grid, random or tpe"),
     compile_only: bool = typer.Option(False, "--compile-only", help="Verify and compile; time nothing"),
