@@ -216,7 +216,7 @@ class SeedShape:
         n = len(self.analysis.heavy)
         name = "roles" if n == 1 else f"roles.{n}"
         wgs = self.warpgroup_choices
-        return name if wgs == self.config.consumer_warpgroups else f"{name}.wg{''.join(map(str, wgs))}"
+        return name if set(wgs) == set(self.config.consumer_warpgroups) else f"{name}.wg{''.join(map(str, wgs))}"
 
     @functools.cached_property
     def warpgroup_choices(self) -> tuple[int, ...]:

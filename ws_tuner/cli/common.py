@@ -8,7 +8,7 @@ import sys
 import sysconfig
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -124,19 +124,20 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (KernelFileError, StoreError, ValueError, *_compiler_errors()) as exc:
             if isinstance(exc, ValueError) and _library_error(exc):
-                return _internal(exc)
+                _internal(exc)
             raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         except typer.Exit:
             raise
         except KeyboardInterrupt:
             raise _fail("interrupted", 130) from None
         except Exception as exc:  # noqa: BLE001 - the promise is: no traceback
-            return _internal(exc)
+            _internal(exc)
 
     return wrapper
 
 
-def _internal(exc: Exception) -> None:
+def _internal(exc: Exception) -> NoReturn:
+    """An error that is ws-tune's: one line and exit 1, or (WS_TUNE_DEBUG) its traceback."""
     if os.environ.get("WS_TUNE_DEBUG"):
         raise exc
     raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
