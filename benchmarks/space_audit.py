@@ -64,6 +64,7 @@ PROBLEMS = {
     # more keys than queries, and 16 heads of 256: the gathered keys' pipeline fits beside Q and dO
     "sparse_mla_bwd.py": {"seq": 256, "seq_kv": 512, "topk": 256, "heads": 16, "dim": 256},
     "gqa_fwd.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
+    "kda_bwd_dv.py": {"B": 1, "S": 8192, "H": 16},
 }
 
 

@@ -172,6 +172,8 @@ CASES = {
     # threads) and DeepSeek-V3.2's indexer top-k (an MMA, then bitonic sorts through shared memory; indices exact up to ties).
     "mxfp4_gemm": (DATA / "mxfp4_gemm.py", "M=2048,N=2048,K=2048", {"block_K": (128,), "split": (1,), "threads": (256, 512)}),
     "indexer_topk": (DATA / "indexer_topk.py", "seq_len=2048", {}),
+    # KDA's intra-chunk dv (A masked in place in shared memory before the loop; a tf32 MMA with A transposed)
+    "kda_bwd_dv": (DATA / "kda_bwd_dv.py", "B=1,S=2048,H=4", {}),
 }
 
 
