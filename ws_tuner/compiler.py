@@ -568,7 +568,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         verify(prepared)
     except ScheduleRejected as exc:
         raise NoSeed(f"MaterializeWSSchedule rejects tilelang's role_based schedule: {exc}") from exc
-    return _unbudgeted(prepared, _safe(prepared, seed))
+    return _unbudgeted(prepared, _safe(prepared, seed), derived=True)
 
 
 def sets_max_nreg(func: Any) -> bool:
@@ -579,9 +579,18 @@ def sets_max_nreg(func: Any) -> bool:
 
 # tilelang's default lowering honours T.no_set_max_nreg(); role_based gives the seed's roles
 # budgets regardless (136 and 24 on Mamba-2's chunk scan). The seed of a kernel that opts
-# out has none, and so has every candidate (ScheduleSpace: PointInfo.budgets).
-def _unbudgeted(prepared: Any, seed: Schedule) -> tuple[Any, Schedule]:
-    if sets_max_nreg(prepared) or all(r.max_nreg == 0 for r in seed.roles):
+# out has none, as written; its candidates vary them within the register rules, as
+# role_based does: on the MXFP4 GEMM at 512 threads, role_based's 112/24 ran 1.08x the
+# seed's structure without budgets (H100, run 38).
+#
+# role_based's own budgets may break the register rules: GDN's WY backward (a 128-thread
+# Worker beside a Load warp: a block of 256) gets Worker 104 and Load 24, and tilelang sets the Worker's by setmaxnreg.inc (104 is
+# above the mean) from the 248 registers a thread starts with, which is undefined (roles
+# died with "illegal instruction" on the H200). A seed derived from role_based then sets
+# none; its variants vary them within the rules. tilelang's role_based baseline keeps them.
+def _unbudgeted(prepared: Any, seed: Schedule, *, derived: bool = False) -> tuple[Any, Schedule]:
+    undefined = derived and (rules.register_reason(seed) or "").startswith(("nreg:", "registers:"))
+    if (sets_max_nreg(prepared) and not undefined) or all(r.max_nreg == 0 for r in seed.roles):
         return prepared, seed
     seed = seed.with_(roles=tuple(replace(r, max_nreg=0) for r in seed.roles))
     return attach(prepared, seed), seed

@@ -21,7 +21,7 @@ verifier does not check and ptxas or the launch would refuse (or run badly).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .schedule import ROOT_SCOPE, THREADS_PER_WARP, WARPS_PER_GROUP, OpAccess, Role, Schedule
@@ -136,6 +136,42 @@ def launch_registers(threads: int) -> int:
     it all that ``__launch_bounds__(threads, 1)`` allows, in steps of 8 (168 at
     384 threads, as ptxas reports for such kernels)."""
     return min(PTXAS_MAX_NREG, REGISTER_FILE // threads) // 8 * 8
+
+
+class _Fill(int):
+    """The consumer budget choice ``FILL``: an int, so that it sits among the numbers of a
+    decision's choices, named for what it stands for."""
+
+    def __repr__(self) -> str:
+        return "fill"
+
+    __str__ = __repr__
+
+
+# What the block's register pool leaves its consumers once the other warpgroups have their
+# budgets: a number no fixed list holds where many warps share the pool. tilelang's
+# role_based gives a 512-thread MXFP4 GEMM's four Worker warpgroups 112 so (beside a Load
+# and Store warpgroup at 24, 640 threads starting at 96), and that ran 1.08x the same
+# structure without budgets (H100, run 38); every choice of 160 and up overflows the pool.
+FILL = _Fill(-1)
+CONSUMER_MAX_NREG = 240  # the largest budget a fill gives (248 left ptxas no room, TILELANG-WS.md)
+
+
+def fill_budgets(roles: Sequence[Role], num_warps: int) -> tuple[Role, ...]:
+    """``roles`` with each ``FILL`` budget resolved: the warpgroups of such roles share, in
+    equal parts, what the pool the block launches with leaves after the others' budgets (a
+    warpgroup without one keeps what it starts with), down to a multiple of 8, at most
+    ``CONSUMER_MAX_NREG``. A share no larger than the start is no budget at all (0)."""
+    if all(r.max_nreg != FILL for r in roles):
+        return tuple(roles)
+    threads = num_warps * THREADS_PER_WARP
+    start = launch_registers(threads)
+    filled = {wg for r in roles if r.max_nreg == FILL for wg in r.warpgroups()}
+    budgets = {wg: r.max_nreg for r in roles if r.max_nreg != FILL for wg in r.warpgroups()}
+    others = sum(budgets.get(wg, 0) or start for wg in range(num_warps // WARPS_PER_GROUP) if wg not in filled)
+    share = (start * threads - others * WARPS_PER_GROUP * THREADS_PER_WARP) // (len(filled) * WARPS_PER_GROUP * THREADS_PER_WARP) // 8 * 8
+    nreg = min(share, CONSUMER_MAX_NREG) if share > start else 0
+    return tuple(replace(r, max_nreg=nreg) if r.max_nreg == FILL else r for r in roles)
 
 
 def raises_budget(budgets: dict[int, int], groups: int) -> tuple[int, dict[int, bool]]:

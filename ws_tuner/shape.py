@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .candidate import ParamsKey
+from .rules import FILL, fill_budgets
 from .schedule import WARPS_PER_GROUP, OpAccess, Role, Schedule, whole_warpgroups
 from .seed import MERGED, SEED, SEPARATE
 from .variant import Plan, Variants
@@ -48,7 +49,7 @@ class PointInfo:
     trips: dict[str, int] = field(default_factory=dict)  # loop op id -> trip count, where constant
     program: str = ""  # compiler.scheduled_program: equal at two points, a schedule builds one kernel at both
     schedule_sets: frozenset[int] = frozenset()  # the values of what the schedule sets instead (num_stages, threads)
-    budgets: bool = True  # False: the kernel opts out of setmaxnreg (T.no_set_max_nreg), and no role gets a budget
+    budgets: bool = True  # False: the kernel opts out of setmaxnreg (T.no_set_max_nreg): its seed sets no budget
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class SpaceConfig:
     # budget beside consumers without one is raised to it, which is undefined: "none at all"
     # is then the only choice, and at 8 warps (a thread starts with 248) the only one.
     producer_nreg: tuple[int, ...] = (0, 24, 40, 56)
-    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240)  # 256: setmaxnreg takes it, ptxas does not
+    # 256: setmaxnreg takes it, ptxas does not. FILL: what the pool leaves them (rules.fill_budgets).
+    consumer_nreg: tuple[int, ...] = (0, 160, 184, 208, 232, 240, FILL)
     # A light role's choices where it gathers moved loads through registers (Movable.feeds),
     # beside none at all: sparse MLA's Load warpgroup ran 317-337 TFLOP/s at 72-136, 177 at
     # 40, 309 without budgets (H200 run 29); DeepSeek-V4's one-warp Load role, first, 95.7 at
@@ -85,14 +87,13 @@ class SpaceConfig:
             raise ValueError(f"{path}: unknown space setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
 
-    def unbudgeted(self) -> "SpaceConfig":
-        """The same axes with no register budget but none (a kernel that opts out of setmaxnreg)."""
-        return replace(self, producer_nreg=(0,), consumer_nreg=(0,), loader_nreg=())
-
     def __post_init__(self) -> None:
+        if FILL in self.producer_nreg + self.loader_nreg:
+            raise ValueError("a fill budget (-1) is a consumer's choice only")
         for n in self.producer_nreg + self.consumer_nreg + self.loader_nreg:
-            if n and (n % 8 or not 24 <= n <= 256):
-                raise ValueError(f"setmaxnreg budgets are 0 or multiples of 8 in [24, 256], got {n}")
+            if n and n != FILL and (n % 8 or not 24 <= n <= 256):
+                raise ValueError(f"setmaxnreg budgets are 0, multiples of 8 in [24, 256], or -1 (a consumer's fill), got {n}")
+        object.__setattr__(self, "consumer_nreg", tuple(FILL if n == FILL else n for n in self.consumer_nreg))  # a TOML -1 prints as "fill"
         if not self.depths or min(self.depths) < 1:
             raise ValueError("pipeline depths must be >= 1")
         if any(kind not in LIGHT_WARPS for kind in self.producer_kinds):
@@ -190,6 +191,7 @@ class SeedShape:
         self.analysis = variants.seed
         self.seed = info.seed
         self.split_alias: dict[str, str] = {}  # every label -> the one of its warp ranges
+        self.split_keys: dict[str, tuple] = {}  # distinct label -> its warp ranges and warp count
         self.splits: dict[str, Split | None] = self._splits()  # distinct warp ranges, by label
 
     @property
@@ -239,8 +241,6 @@ class SeedShape:
         other light roles of such a plan take either list: one that shares the gatherers'
         warpgroup must take their budget."""
         c = self.config
-        if not self.info.budgets:  # the kernel opts out at this point (threads=512, say), not at others: a name of its own
-            return f"nreg.{role}.none", (0,)
         if role in self.analysis.heavy:
             return f"nreg.{role}", c.consumer_nreg
         gatherers = self.gatherers(plan)
@@ -311,7 +311,9 @@ class SeedShape:
                 self.split_alias[label] = seen[key]
         if own not in seen:
             out = {SEED: None, **out}
-        self.seed_split = self.split_alias[SEED] = seen.get(own, SEED)
+            seen[own] = SEED
+        self.split_keys = {label: key for key, label in seen.items()}
+        self.seed_split = self.split_alias[SEED] = seen[own]
         return out
 
     def roles(self, label: str, plan: Plan, nregs: Sequence[int]) -> tuple[tuple[Role, ...], int]:
@@ -326,7 +328,7 @@ class SeedShape:
         else:  # gathering roles first among the light ones: tilelang vectorises a one-warp gather at warp 0 only (rules.gather_reason)
             gatherers = self.gatherers(plan)
             ranges, num_warps = split.place(sorted(plan.roles, key=lambda r: r not in gatherers), self.analysis.heavy)
-        return tuple(Role(name, *ranges[name], nreg) for name, nreg in zip(plan.roles, nregs)), num_warps
+        return fill_budgets([Role(name, *ranges[name], nreg) for name, nreg in zip(plan.roles, nregs)], num_warps), num_warps
 
     def seed_point(self, params: ParamsKey) -> Point:
         plan = self.plan(self.analysis.seed_layout)
@@ -408,7 +410,7 @@ class SeedShape:
         stages = self.variants.seed_stages(plan)
         c = self.config
         light = min((n for n in c.producer_nreg if n), default=0)
-        consumers = sorted(c.consumer_nreg, reverse=True)
+        consumers = sorted(c.consumer_nreg, key=lambda n: (n != FILL, -n))  # the pool filled first: role_based's rule
         gatherers = self.gatherers(plan)
         budgets = [(nreg, light, light) for nreg in consumers]  # (consumers, gatherers, other light roles)
         if 0 in c.producer_nreg and 0 in c.consumer_nreg:

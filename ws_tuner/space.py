@@ -98,6 +98,7 @@ class ScheduleSpace:
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
         self._notes: set[str] = set()  # limits met while enumerating, beside the seeds'
         self._representatives: dict[ParamsKey, ParamsKey] = {}
+        self._own: dict[ParamsKey, frozenset[str] | None] = {}
         self._uses: dict[tuple, dict[str, SharedUse]] = {}
 
     # --- structure ----------------------------------------------------------
@@ -126,7 +127,7 @@ class ScheduleSpace:
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
                 if key not in self._seeds:
                     self._seeds[key] = Variants(Seed(info.seed, info.accesses, info.buffer_kinds), self.config.max_stage_offset, self._deadlocks)
-                self._shapes[params] = SeedShape(info, self._seeds[key], self.config if info.budgets else self.config.unbudgeted())
+                self._shapes[params] = SeedShape(info, self._seeds[key], self.config)
         return self._shapes[params]
 
     def serves(self, params: ParamsKey) -> bool:
@@ -150,7 +151,8 @@ class ScheduleSpace:
         shapes = [shape for shape in self._shapes.values() if not isinstance(shape, str)]
         if unbudgeted := sum(not shape.info.budgets for shape in shapes):
             where = "" if unbudgeted == len(shapes) else f" at {unbudgeted} of the {len(shapes)} points seen"
-            notes.append(f"register budgets: none{where}, as the kernel asks (T.no_set_max_nreg or T.disable_warp_group_reg_alloc)")
+            notes.append(f"register budgets: none in the seed{where}, as the kernel asks (T.no_set_max_nreg or T.disable_warp_group_reg_alloc); "
+                         "candidates vary them, as tilelang's role_based does, within the register rules")
         return list(dict.fromkeys(notes))
 
     def axes(self, grid: Iterable[ParamsKey] | None = None) -> dict[str, tuple[Any, ...]]:
@@ -205,10 +207,8 @@ class ScheduleSpace:
                 pruned_params.append(shape)
                 continue
             reference = reference or shape
-            same = self.representative(params)
-            if same != params:  # its candidates are another point's
-                theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
-                pruned_params.append(f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)")
+            if self._own_splits(params, shape) == frozenset():  # its candidates are another point's
+                pruned_params.append(self._same_reason(params))
                 continue
             for moved, asynchronous in shape.move_choices():
                 survivors, below = self._role_survivors(params, shape, moved)
@@ -270,8 +270,9 @@ class ScheduleSpace:
         pruned: Counter = Counter()
         examples: dict[str, str] = {}
         total = 0
+        own = self._own_splits(params, shape)
         for label in shape.splits:
-            split_reason = self.split_reason(params, shape, label)
+            split_reason = self._same_reason(params) if own is not None and label not in own else self.split_reason(params, shape, label)
             for nregs in self._nreg_choices(shape, plan):
                 total += 1
                 reason = split_reason or self._register_reason(shape, label, plan, nregs)
@@ -321,7 +322,7 @@ class ScheduleSpace:
         schedule = shape.schedule(point)
         if isinstance(schedule, str):
             return schedule
-        params = self.representative(point.params)
+        params = self._stored_params(point.params, shape, point.roles)
         reason = self._check(dict(point.params), schedule) if self._check_candidates else None
         if not reason and params != point.params and self._check_candidates:
             reason = self._check(dict(params), schedule)
@@ -352,13 +353,35 @@ class ScheduleSpace:
         self._representatives[params] = found
         return found
 
+    def _own_splits(self, params: ParamsKey, shape: SeedShape) -> frozenset[str] | None:
+        """The warp layouts (split labels) that only this point offers, where another point
+        stands for it (``representative``): the seed's own warpgroup count is among each
+        point's choices (four consumer warpgroups at threads=512, not at 256). None: it
+        stands for itself."""
+        if params not in self._own:
+            same = self.representative(params)
+            theirs = set() if same == params else set(self.shape(same).split_keys.values())  # a representative has a shape
+            self._own[params] = None if same == params else frozenset(label for label, key in shape.split_keys.items() if key not in theirs)
+        return self._own[params]
+
+    def _same_reason(self, params: ParamsKey) -> str:
+        same = self.representative(params)
+        theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
+        return f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)"
+
+    def _stored_params(self, params: ParamsKey, shape: SeedShape, label: str) -> ParamsKey:
+        """The kernel parameters a candidate of this point and warp layout is stored under:
+        the representative's, unless the layout is the point's own."""
+        own = self._own_splits(params, shape)
+        return params if own is not None and shape.split_alias.get(label, label) in own else self.representative(params)
+
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else shape.seed_point(params)
 
     def seed_candidate(self, params: ParamsKey) -> Candidate | str:
         shape = self.shape(params)
-        return shape if isinstance(shape, str) else Candidate.make(dict(self.representative(params)), shape.seed)
+        return shape if isinstance(shape, str) else Candidate.make(dict(self._stored_params(params, shape, shape.seed_split)), shape.seed)
 
     def lowering_candidates(self, params: ParamsKey, *, moving: bool = True) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel

@@ -46,7 +46,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str, code: 
         (["{example}", "--shape", SHAPE, "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "127.0.0.1:1"),
         (["{example}", "--shape", SHAPE, "--db", "/proc/ws-tune/results.db"], "/proc/ws-tune"),
         (["{example}", "--shape", SHAPE, "--strategy", "annealing"], "unknown strategy"),
-        (["{example}", "--shape", "M=100,N=4096,K=4096"], "no candidate survives"),
+        (["{example}", "--shape", "M=100,N=4096,K=4096"], "the kernel serves no kernel-parameter point at this problem (e.g. kernel: M=100 is not"),
+        (["{example}"], "--shape is missing M (give M=...,N=...,K=...)"),  # typer's boxed "Missing option" was many lines
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, example_path):
@@ -56,6 +57,16 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, data_dir, exam
         args += ["--db", str(db)]
     assert_one_line_error(ws_tune(*args, "--compile-only"), needle)
     assert not db.exists()  # bad input never reaches the database
+
+
+def test_space_at_a_problem_the_kernel_serves_nowhere_is_an_error(example_path):
+    """``ws-tune space`` printed "0 before pruning, 0 after" and exit 0 where check() refuses
+    every point (a helper's port at a sequence count its blocks do not divide); a tuning
+    refuses the problem, and so does space now, with the kernel's reason."""
+    proc = ws_tune("space", str(example_path), "--shape", "M=100,N=4096,K=4096")
+    assert proc.returncode == 2, proc.stderr
+    assert "error: the kernel serves no kernel-parameter point at this problem (e.g. kernel: M=100 is not a multiple of block_M" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_space_prints_axes_and_counts(example_path):
@@ -155,10 +166,11 @@ def test_failure_lines_give_each_status_its_most_common_message():
 
 
 def test_when_no_variant_survives_the_reason_is_the_seeded_points(tmp_path, data_dir):
-    """Sparse attention at 16 query heads per block: no seeded point has a variant left, the
-    16-row chained MMA cannot be split; the line says that, not why other points have no seed
-    or stand for another (the most pruned)."""
-    tuned = ws_tune(str(data_dir / "nsa_fwd.py"), "--shape", "batch=1,seq_len=1024", "--param", "num_stages=1", "--budget", "2",
+    """Sparse attention at 16 query heads per block and 128 threads: no seeded point has a
+    variant left, the 16-row chained MMA cannot be split; the line says that, not why other
+    points have no seed or stand for another (the most pruned). (At 64 and 32 threads the
+    seed's own narrower Worker is varied.)"""
+    tuned = ws_tune(str(data_dir / "nsa_fwd.py"), "--shape", "batch=1,seq_len=1024", "--param", "num_stages=1,threads=128", "--budget", "2",
                     "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only")  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr
     assert "no variant of the seed survives static pruning (e.g. mma: role Worker's 4 warps would split its 16x64 accumulator 1x4" in tuned.stderr

@@ -284,7 +284,7 @@ def test_a_value_error_from_inside_a_library_is_an_internal_error_not_bad_input(
         ours()
     err = capsys.readouterr().err
     assert (exit_library.value.exit_code, exit_ours.value.exit_code) == (1, 2)
-    assert "internal error: ValueError:" in err and "WS_TUNE_DEBUG=1" in err and "setmaxnreg budgets are 0 or multiples of 8" in err
+    assert "internal error: ValueError:" in err and "WS_TUNE_DEBUG=1" in err and "setmaxnreg budgets are 0, multiples of 8 in [24, 256], or -1" in err
     monkeypatch.setenv("WS_TUNE_DEBUG", "1")
     with pytest.raises(ValueError):
         library()

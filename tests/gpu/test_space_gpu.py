@@ -174,6 +174,11 @@ CASES = {
     "indexer_topk": (DATA / "indexer_topk.py", "seq_len=2048", {}),
     # KDA's intra-chunk dv (A masked in place in shared memory before the loop; a tf32 MMA with A transposed)
     "kda_bwd_dv": (DATA / "kda_bwd_dv.py", "B=1,S=2048,H=4", {}),
+    # Stop 46: DeepSeek HISA's pooled fp8 MQA scores (a pipelined loop whose start and trip count two
+    # serial reductions set; a clearing kernel beside it).
+    "pool_mqa_fp8": (DATA / "pool_mqa_fp8.py", "seq=4096", {}),
+    # GDN's WY backward, second pass (two MMAs before the loop, three a trip; role_based's budgets undefined)
+    "gdn_wy_fast_bwd": (DATA / "gdn_wy_fast_bwd.py", "S=4096", {}),
 }
 
 

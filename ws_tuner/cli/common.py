@@ -46,7 +46,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 1
 
-ShapeOpt = typer.Option(..., "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]")
+ShapeOpt = typer.Option(None, "--shape", "-s", help="Problem arguments, e.g. M=4096,N=4096,K=4096[,dtype=bfloat16]; those the file's PROBLEM gives a default may be left out")
 ParamOpt = typer.Option(None, "--param", "-p", help="Pin kernel parameters, e.g. block_M=128,swizzle=8")
 SpaceOpt = typer.Option(None, "--space", help="Axis values of the schedule space, as TOML (see configs/space-focused.toml)")
 
@@ -143,7 +143,7 @@ def _internal(exc: Exception) -> NoReturn:
     raise _fail(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0] + " (WS_TUNE_DEBUG=1 shows the traceback)", 1) from None
 
 
-def _task(file: Path, shape: str, param: Optional[str], space: Optional[Path] = None) -> Any:
+def _task(file: Path, shape: Optional[str], param: Optional[str], space: Optional[Path] = None) -> Any:
     from ..kernel import load_kernel
     from ..space import SpaceConfig
     from ..task import Task

@@ -28,7 +28,7 @@ FileArg = typer.Argument(..., help="Kernel file that was tuned (e.g. examples/ge
 DeviceOpt = typer.Option(None, "--device", help="Device whose results to read, e.g. 'NVIDIA H200' (default: this machine's GPU)")
 
 
-def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k: int) -> tuple[Any, Any, list[Any]]:
+def _stored(file: Path, shape: Optional[str], db: Optional[str], device: Optional[str], k: int) -> tuple[Any, Any, list[Any]]:
     """The ``k`` fastest stored results of FILE at the problem on the device; none is exit code 1, with why."""
     from .. import lookup
     from ..store import open_store
@@ -38,7 +38,7 @@ def _stored(file: Path, shape: str, db: Optional[str], device: Optional[str], k:
     asked = lookup.workload_key(task, device=device)
     key, top = lookup.fastest_on_device(store, asked, k=k)
     if not top:
-        raise _fail(_nothing_timed(store, task, asked, f"ws-tune {file} --shape {shape}"), EXIT_NOT_FOUND)
+        raise _fail(_nothing_timed(store, task, asked, f"ws-tune {file}" + (f" --shape {shape}" if shape else "")), EXIT_NOT_FOUND)
     if key != asked:
         err.print(f"note: {key.device} was timed with tilelang {key.tilelang_version}, CUDA {key.cuda_version}, driver {key.driver_version} "
                   f"(here: {asked.tilelang_version}, {asked.cuda_version}, {asked.driver_version})", markup=False, highlight=False)  # fmt: skip
@@ -56,7 +56,7 @@ def _nothing_timed(store: Any, task: Any, key: Any, command: str) -> str:
 
 @app.command()
 @handles_errors
-def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt, device: Optional[str] = DeviceOpt) -> None:
+def best(file: Path = FileArg, shape: Optional[str] = ShapeOpt, db: Optional[str] = DbOpt, device: Optional[str] = DeviceOpt) -> None:
     """Print the best stored schedule of FILE at a problem, as TileLang code and JSON (exit 1: none stored)."""
     task, key, top = _stored(file, shape, db, device, k=1)
     trial = top[0]
@@ -75,7 +75,7 @@ def best(file: Path = FileArg, shape: str = ShapeOpt, db: Optional[str] = DbOpt,
 @handles_errors
 def export(
     file: Path = FileArg,
-    shape: str = ShapeOpt,
+    shape: Optional[str] = ShapeOpt,
     db: Optional[str] = DbOpt,
     device: Optional[str] = DeviceOpt,
     output: Path = typer.Option(Path("ws-tune-export.json"), "--output", "-o", help="JSON file to write (replaced atomically)"),

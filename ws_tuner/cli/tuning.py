@@ -36,7 +36,7 @@ from .progress import TuneProgress, counting
 @handles_errors
 def tune(
     file: Path = typer.Argument(..., help="Kernel file (see examples/gemm.py and ws_tuner/kernel.py)"),
-    shape: str = ShapeOpt,
+    shape: Optional[str] = ShapeOpt,
     param: Optional[str] = ParamOpt,
     space_config: Optional[Path] = SpaceOpt,
     budget: int = typer.Option(64, "--budget", "-n", help="Search candidates to measure (baselines and warm starts come on top)"),
@@ -68,9 +68,8 @@ def tune(
     count = SpaceCount()
     sp = task.space()
     if next(sp.walk(count), None) is None:
-        reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
         if not sp.served_points():
-            raise _fail(f"no candidate survives static pruning at this problem (e.g. {reason})")
+            raise _fail(_unserved(count))
         err.print(_nothing_to_search(sp))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     store = open_store(db)  # a database error is the one line, before any note
@@ -209,7 +208,7 @@ SPACE_SAMPLE = 48
 @app.command()
 @handles_errors
 def space(
-    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: str = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt,
+    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"), shape: Optional[str] = ShapeOpt, param: Optional[str] = ParamOpt, space_config: Optional[Path] = SpaceOpt,
     sample: int = typer.Option(SPACE_SAMPLE, "--sample", help=f"Count at N kernel-parameter points drawn at random, and at {STAGE_SAMPLE} stage choices where a plan has more, and scale; 0 counts every point"),
 ) -> None:
     """Print the axes of FILE's schedule space and its size before and after pruning."""
@@ -246,9 +245,17 @@ def space(
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
     # (asked only where nothing was kept: which points the kernel serves takes a PrimFunc of each)
-    if not count.kept and (served := len(sp.served_points())) and next(sp.walk(), None) is None:
+    if not count.kept and not (served := len(sp.served_points())):
+        raise _fail(_unserved(count))
+    if not count.kept and next(sp.walk(), None) is None:
         err.print(f"a tuning: {_nothing_to_search(sp)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
     _print_limits(sp)
+
+
+def _unserved(count: SpaceCount) -> str:
+    """Why a problem has no tuning: the kernel's check (or its build) refuses every point."""
+    reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
+    return f"the kernel serves no kernel-parameter point at this problem (e.g. {reason})"
 
 
 def _nothing_to_search(sp: Any) -> str:
