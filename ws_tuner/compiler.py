@@ -584,10 +584,11 @@ def sets_max_nreg(func: Any) -> bool:
 # seed's structure without budgets (H100, run 38).
 #
 # role_based's own budgets may break the register rules: GDN's WY backward (a 128-thread
-# Worker beside a Load warp: a block of 256) gets Worker 104 and Load 24, and tilelang sets the Worker's by setmaxnreg.inc (104 is
-# above the mean) from the 248 registers a thread starts with, which is undefined (roles
-# died with "illegal instruction" on the H200). A seed derived from role_based then sets
-# none; its variants vary them within the rules. tilelang's role_based baseline keeps them.
+# Worker beside a Load warp: a block of 256) gets Worker 104 or 136 and Load 24, and tilelang
+# sets the Worker's by setmaxnreg.inc (it is above the mean) from the 248 registers a thread
+# starts with, which is undefined (roles died with "illegal instruction" on the H200). A seed
+# derived from role_based then sets none; its variants vary them within the rules.
+# tilelang's role_based baseline keeps them: it is tilelang's.
 def _unbudgeted(prepared: Any, seed: Schedule, *, derived: bool = False) -> tuple[Any, Schedule]:
     undefined = derived and (rules.register_reason(seed) or "").startswith(("nreg:", "registers:"))
     if (sets_max_nreg(prepared) and not undefined) or all(r.max_nreg == 0 for r in seed.roles):

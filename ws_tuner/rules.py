@@ -154,7 +154,7 @@ class _Fill(int):
 # and Store warpgroup at 24, 640 threads starting at 96), and that ran 1.08x the same
 # structure without budgets (H100, run 38); every choice of 160 and up overflows the pool.
 FILL = _Fill(-1)
-CONSUMER_MAX_NREG = 240  # the largest budget a fill gives (248 left ptxas no room, TILELANG-WS.md)
+CONSUMER_MAX_NREG = 240  # the largest budget a fill gives: the largest fixed choice (SpaceConfig.consumer_nreg)
 
 
 def fill_budgets(roles: Sequence[Role], num_warps: int) -> tuple[Role, ...]:
