@@ -68,14 +68,15 @@ PROBLEMS = {
 }
 
 
-def kernel_files() -> list[Path]:
-    """The kernel files of examples/ and tests/data/ with a schedule space (their helper
-    modules, broken files and kernels without a seed to vary apart)."""
+def kernel_files(*, seeded: bool = True) -> list[Path]:
+    """The kernel files of examples/ and tests/data/ (their helper modules and broken files
+    apart) with a schedule space; with ``seeded=False`` those without a seed to vary too,
+    found without deriving any seed (a tilelang PrimFunc and role_based's pass per file)."""
     paths = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "data").glob("*.py"))
-    return [p for p in paths if (task := task_for(p)) is not None and _has_seed(task)]
+    return [p for p in paths if (task := task_for(p)) is not None and (not seeded or has_seed(task))]
 
 
-def _has_seed(task: Task) -> bool:
+def has_seed(task: Task) -> bool:
     """Whether some point of the kernel's has a seed (NSA decoding has none at 32 or 64 threads)."""
     space = task.space()
     return any(not isinstance(space.shape(p), str) for p in space.param_points())
