@@ -350,7 +350,7 @@ class Variants:
         if not blocked:
             return None
         where = ", ".join(f"{plan.roles[r]} at {EVENT_KINDS[code].lower()}({plan.pipelines[p].name})" for r, (code, p) in blocked)
-        return f"deadlock: {where} (mbarrier parity model, loops at {trips} trips)"
+        return f"deadlock: {where} (mbarrier parity model, every loop simulated for {trips} trips, more than its pipelines are deep, whatever its own count)"
 
     @functools.cache
     def _events(self, plan: Plan, stages: tuple[int, ...], trips: int) -> tuple[int, tuple[tuple[tuple[int, int], ...], ...], int]:
