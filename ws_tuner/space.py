@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .candidate import Candidate
 from .order import DeadlockModel
-from .rules import MAX_THREADS, SharedUse, gather_reason, kb_over, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason, thread_index_reason
+from .rules import FILL, MAX_THREADS, SharedUse, gather_reason, kb_over, loop_reason, mma_reason, register_reason, shared_bytes, shared_order, shared_uses, spill_reason, thread_index_reason
 from .schedule import THREADS_PER_WARP, Role, Schedule
 from .seed import MERGED, SEED, SEPARATE, Seed
 from .shape import ParamsKey, Point, PointInfo, SeedShape, SpaceConfig, SpaceCount, Split
@@ -602,7 +602,10 @@ class ScheduleSpace:
             roles, num_warps = shape.roles(label, plan, nregs)
             schedule = Schedule(num_warps, roles, ())
             analysis = shape.analysis
-            self._register_reasons[key] = (register_reason(schedule) or spill_reason(schedule, analysis.accumulator_words, analysis.mma_tiles)
+            # a fill that comes to a choice of the role's own (none, 240) is that choice's candidate
+            dup = next((f"nreg: {r.name}'s fill comes to {r.max_nreg}, a choice of its own" for r, n in zip(roles, nregs)
+                        if n == FILL and r.max_nreg in shape.nreg_decision(r.name, plan)[1]), None)  # fmt: skip
+            self._register_reasons[key] = (dup or register_reason(schedule) or spill_reason(schedule, analysis.accumulator_words, analysis.mma_tiles)
                                            or gather_reason(schedule, shape.gatherers(plan)) or loop_reason(schedule, analysis.loop_elements(plan.moved))
                                            or thread_index_reason(schedule, analysis.thread_indexed(plan.moved), shape.seed))  # fmt: skip
         return self._register_reasons[key]
