@@ -523,7 +523,7 @@ def test_sample_is_define_by_run_with_fixed_choices(space, seeds):
             assert names.setdefault(name, options) == options  # a name always offers the same choices
             return rng.choice(options)
 
-        kept = sum(isinstance(sp.candidate(sp.sample(choose)), Candidate) for _ in range(200))
+        kept = sum(isinstance(sp.candidate(sp.sample(choose)), Candidate) for _ in range(400))
         assert kept > 5
 
 
