@@ -153,6 +153,10 @@ class SpaceCount:
     stages_sampled: int = 0  # plans whose stage choices were counted at a sample, scaled
     kept_by_point: list[float] = field(default_factory=list)  # kept at each counted point (0: pruned, or another's)
     kept_margin: int = 0  # half-width of the 95% interval of a scaled ``kept`` over which points were drawn
+    # Points whose candidates another point builds (ScheduleSpace.representative): counted
+    # there, in neither total nor pruned, so that "before pruning" counts distinct kernels.
+    same_points: float = 0
+    seeded_points: int = 0  # points counted that have a seed (0: no schedule space, the counts are of points)
 
     def prune(self, reason: str, n: float = 1) -> None:
         kind = reason.split(":", 1)[0]
@@ -173,7 +177,7 @@ class SpaceCount:
         if 1 < n < N and len(self.kept_by_point) == n:  # the standard error of a sample's total, drawn without replacement
             margin = 1.96 * N * math.sqrt(statistics.variance(self.kept_by_point) / n * (1 - n / N))
         return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, n, N, self.stages_sampled,
-                          list(self.kept_by_point), round(margin))  # fmt: skip
+                          list(self.kept_by_point), round(margin), round(self.same_points * f), self.seeded_points)  # fmt: skip
 
     @property
     def points_with_candidates(self) -> int:

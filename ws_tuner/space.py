@@ -207,8 +207,10 @@ class ScheduleSpace:
                 pruned_params.append(shape)
                 continue
             reference = reference or shape
+            count.seeded_points += 1
             if self._own_splits(params, shape) == frozenset():  # its candidates are another point's
-                pruned_params.append(self._same_reason(params))
+                count.same_points += 1
+                count.examples.setdefault("same", self._same_reason(params))
                 continue
             for moved, asynchronous in shape.move_choices():
                 survivors, below = self._role_survivors(params, shape, moved)
@@ -272,7 +274,9 @@ class ScheduleSpace:
         total = 0
         own = self._own_splits(params, shape)
         for label in shape.splits:
-            split_reason = self._same_reason(params) if own is not None and label not in own else self.split_reason(params, shape, label)
+            if own is not None and label not in own:  # the representative's candidates: counted at its point
+                continue
+            split_reason = self.split_reason(params, shape, label)
             for nregs in self._nreg_choices(shape, plan):
                 total += 1
                 reason = split_reason or self._register_reason(shape, label, plan, nregs)

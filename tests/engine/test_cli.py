@@ -116,6 +116,8 @@ def test_a_kernel_without_a_seed_still_gets_its_baselines(tmp_path, data_dir, ke
     assert reason in space.stdout
     assert "AutoWarpSpecialization skipped" not in space.stderr
     assert "a tuning: no schedule space (seed: " in space.stderr and "measuring tilelang's own lowerings" in space.stderr  # not just "0 after"
+    # no seed, no candidates: not "1 before pruning", a count of kernel-parameter points
+    assert re.search(r"candidates: none: no kernel-parameter point of the \d+ counted has a seed schedule to vary", space.stdout), space.stdout
     tuned = ws_tune(kernel, "--shape", shape, "--param", params, "--budget", "2", "--jobs", "2", "--db", str(tmp_path / "r.db"), "--compile-only")
     assert tuned.returncode == 0, tuned.stderr
     assert "no schedule space (seed: " in tuned.stderr
@@ -148,21 +150,30 @@ def test_compile_only_says_which_points_it_built_and_what_is_one_kernel(tmp_path
 
 @pytest.mark.slow
 def test_a_tuning_says_why_its_candidates_failed(tmp_path, data_dir):
-    """RMSNorm at two stages: tilelang 0.1.15's layout inference refuses every lowering.
-    The outcome table only counts them; the lines under it give the message."""
+    """RMSNorm at two stages: tilelang 0.1.15's layout inference refuses its own default and
+    role_based lowerings. The outcome table only counts them; the lines under it give the
+    message, and whose failure it is."""
     tuned = ws_tune(str(data_dir / "rmsnorm.py"), "--shape", "M=1024,N=1024", "--param", "blk_m=1,blk_k=512,num_stages=2,threads=256",
                     "--budget", "2", "--jobs", "1", "--db", str(tmp_path / "r.db"), "--compile-only", env={"COLUMNS": "400"})  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr
-    assert re.search(r"^compile_error: 2 x Check failed: .*InputShape\(\).* \(e\.g\. \[default\] blk_k=512", tuned.stdout, re.M), tuned.stdout
+    # tilelang's own lowerings fail, and the line says it is theirs
+    assert re.search(r"^compile_error in tilelang's own lowering \(tilelang cannot build it; not a ws-tune schedule\): 2 x Check failed: .*InputShape\(\).* \(e\.g\. \[default\] blk_k=512",
+                     tuned.stdout, re.M), tuned.stdout  # fmt: skip
     assert "AutoWarpSpecialization skipped" not in tuned.stderr  # role_based's reason is in the seed line, once
 
 
 def test_failure_lines_give_each_status_its_most_common_message():
     from ws_tuner.cli.common import failure_lines
 
-    failed = [("wrong", "max rel err 0.5", "a"), ("compile_error", "nvcc: out of memory", "b"), ("wrong", "max rel err 0.5", "c"),
-              ("wrong", "nan in output", "d"), ("crash", "", "e"), ("ok", "confirmed", "f"), (None, "pending", "g")]  # fmt: skip
-    assert failure_lines(failed) == ["compile_error: 1 x nvcc: out of memory (e.g. b)", "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)"]
+    failed = [("wrong", "max rel err 0.5", "a", "ws"), ("compile_error", "nvcc: out of memory", "b", "ws"), ("wrong", "max rel err 0.5", "c", "ws"),
+              ("wrong", "nan in output", "d", "ws"), ("crash", "", "e", "ws"), ("ok", "confirmed", "f", "ws"), (None, "pending", "g", "ws"),
+              ("compile_error", "Downcast from tirx.Sub to ir.IntImm failed.", "[no_ws] h", "no_ws")]  # fmt: skip
+    assert failure_lines(failed) == [
+        "compile_error: 1 x nvcc: out of memory (e.g. b)",
+        # tilelang's own lowering failing is told apart from ws-tune's schedules failing
+        "compile_error in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule): 1 x Downcast from tirx.Sub to ir.IntImm failed. (e.g. [no_ws] h)",
+        "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)",
+    ]
 
 
 def test_when_no_variant_survives_the_reason_is_the_seeded_points(tmp_path, data_dir):

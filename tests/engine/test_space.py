@@ -1485,3 +1485,21 @@ def test_a_kernel_without_budgets_at_some_points_keeps_one_list_of_choices_per_n
         study.tell(trial, 1.0)
     assert threads == {128, 256, 512}
     assert "register budgets: none in the seed at 1 of the 3 points seen, as the kernel asks" in " ".join(space.limits())
+
+
+def test_before_pruning_counts_distinct_kernels_not_points_that_build_anothers(data_dir):
+    """GDN's WY backward builds the kernels of threads=128 at 21 of its 24 points (a schedule
+    sets the threads): "before pruning" counted each such point's whole space and pruned it as
+    "same" (87% of the count, a helper's port). Such a point now adds nothing to the count,
+    which says how many there are instead."""
+    task = task_of(data_dir / "gdn_wy_fast_bwd.py", "")
+    space = task.space()
+    points = list(space.param_points())
+    same = next(p for p in points if space.representative(p) != p and space._own_splits(p, space.shape(p)) == frozenset())
+    alone, both = space.count(at=[space.representative(same)]), space.count(at=[space.representative(same), same])
+    assert (both.total, both.kept, dict(both.pruned)) == (alone.total, alone.kept, dict(alone.pruned))
+    assert (both.same_points, alone.same_points) == (1, 0) and "same" not in both.pruned
+    assert both.examples["same"].startswith("same: threads=")
+    whole = space.count()
+    assert whole.same_points == sum(1 for p in points if space.representative(p) != p and space._own_splits(p, space.shape(p)) == frozenset()) > 0
+    assert sum(whole.pruned.values()) == whole.total - whole.kept

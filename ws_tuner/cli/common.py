@@ -160,20 +160,25 @@ def _task(file: Path, shape: Optional[str], param: Optional[str], space: Optiona
 PASSED = (None, "ok", "built")  # statuses that are no failure (None: not measured yet)
 
 
-def failure_lines(trials: list[tuple[str | None, str, str]]) -> list[str]:
-    """Why candidates failed, from (status, message, candidate) of each trial (those
-    that passed, or have no outcome yet, are skipped): for each failing status its
+def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list[str]:
+    """Why candidates failed, from (status, message, candidate, lowering) of each trial
+    (those that passed, or have no outcome yet, are skipped): for each failing status its
     most common message, how many got it and one of them (a table of outcomes only
-    counts them)."""
-    seen: dict[str, Counter] = {}
-    example: dict[tuple[str, str], str] = {}
-    for status, message, candidate in trials:
+    counts them). tilelang's own lowerings are told apart: their failures are tilelang's
+    (a kernel its lowering cannot build), not a schedule of ws-tune's."""
+    from ..candidate import TILELANG_LOWERINGS
+
+    seen: dict[tuple[str, bool], Counter] = {}
+    example: dict[tuple[str, bool, str], str] = {}
+    for status, message, candidate, lowering in trials:
         if status not in PASSED and message:
-            seen.setdefault(status, Counter())[message] += 1
-            example.setdefault((status, message), candidate)
+            key = (status, lowering in {lw.value for lw in TILELANG_LOWERINGS})
+            seen.setdefault(key, Counter())[message] += 1
+            example.setdefault((*key, message), candidate)
     lines = []
-    for status, messages in sorted(seen.items()):
+    for (status, tilelangs), messages in sorted(seen.items()):
         message, n = messages.most_common(1)[0]
         others = f"; {len(messages) - 1} other message(s)" if len(messages) > 1 else ""
-        lines.append(f"{status}: {n} x {message} (e.g. {example[status, message]}){others}")
+        whose = " in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule)" if tilelangs else ""
+        lines.append(f"{status}{whose}: {n} x {message} (e.g. {example[status, tilelangs, message]}){others}")
     return lines

@@ -118,7 +118,7 @@ def jobs_show(
         table.add_row("-" if t["slot"] is None else str(t["slot"]), t["kind"], t["state"], t["status"] or "-", t.get("lowering") or "-",
                       rate_text(t["tflops"]) if t["tflops"] else "-", f"{t['median_ms']:.4f}" if t["median_ms"] else "-", params)  # fmt: skip
     out.print(table)
-    trials = [(t["status"], t["message"], f"[{t.get('lowering')}] " + ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()))
+    trials = [(t["status"], t["message"], f"[{t.get('lowering')}] " + ",".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()), t.get("lowering"))
               for t in page["data"]]  # fmt: skip
     for line in failure_lines(trials):  # why the listed trials failed: the table has no room for it
         out.print(line)

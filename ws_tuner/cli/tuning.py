@@ -97,7 +97,8 @@ def tune(
 
 def _print_report(report: Any, task: Any) -> None:
     counts = report.counts()
-    table = Table(title=f"{task.spec.name} {report.key.problem} on {report.key.device}")
+    where = "built for sm_90a, not timed" if report.compile_only else f"on {report.key.device}"
+    table = Table(title=f"{task.spec.name} {report.key.problem} {where}")
     table.add_column("outcome")
     table.add_column("count", justify="right")
     for status, n in sorted(counts.items()):
@@ -111,7 +112,7 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{same} sharing another's generated code)")  # fmt: skip
     out.print(table)
-    for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe()) for r in report.records]):
+    for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe(), r.candidate.lowering.value) for r in report.records]):
         out.print(line)
     if report.out_of_time:
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
@@ -236,13 +237,19 @@ def space(
     for kind, n in count.pruned.most_common():
         pruned.add_row(kind, str(n), count.examples[kind])
     out.print(pruned)
-    if count.estimated:
+    if not count.seeded_points:  # the counts would be of kernel-parameter points, not of candidates
+        out.print(f"candidates: none: no kernel-parameter point of the {count.params_counted} counted has a seed schedule to vary")
+    elif count.estimated:
         basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points"] * (count.params_counted < count.params_total)
         basis += [f"{STAGE_SAMPLE} random stage choices of each of {count.stages_sampled} plans with more"] * bool(count.stages_sampled)
         out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after{_kept_interval(count)}, estimated at {' and '.join(basis)} "
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    if count.same_points:
+        approx = "~" * (count.params_counted < count.params_total)
+        out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points build another point's kernels, "
+                  f"counted there ({count.examples['same']})")  # fmt: skip
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
     # (asked only where nothing was kept: which points the kernel serves takes a PrimFunc of each)
     if not count.kept and not (served := len(sp.served_points())):
