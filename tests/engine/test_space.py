@@ -28,7 +28,6 @@ from ws_tuner.rules import (
     MmaTile,
     SharedUse,
     fill_budgets,
-    loop_reason,
     mma_reason,
     register_reason,
     shared_bytes,
