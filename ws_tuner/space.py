@@ -97,7 +97,7 @@ class ScheduleSpace:
         self._survivors: dict[tuple, tuple[tuple, int]] = {}
         self._fitting: dict[tuple, list[tuple[int, ...]]] = {}
         self._notes: set[str] = set()  # limits met while enumerating, beside the seeds'
-        self._representatives: dict[ParamsKey, ParamsKey] = {}
+        self._representatives: dict[tuple[ParamsKey, tuple | None], ParamsKey] = {}
         self._own: dict[ParamsKey, frozenset[str] | None] = {}
         self._uses: dict[tuple, dict[str, SharedUse]] = {}
 
@@ -326,20 +326,21 @@ class ScheduleSpace:
         schedule = shape.schedule(point)
         if isinstance(schedule, str):
             return schedule
-        params = self._stored_params(point.params, shape, point.roles)
+        params = self._layout_home(point.params, shape, point.roles)
         reason = self._check(dict(point.params), schedule) if self._check_candidates else None
         if not reason and params != point.params and self._check_candidates:
             reason = self._check(dict(params), schedule)
         return f"kernel: {reason}" if reason else Candidate.make(dict(params), schedule)
 
-    def representative(self, params: ParamsKey) -> ParamsKey:
+    def representative(self, params: ParamsKey, offering: tuple | None = None) -> ParamsKey:
         """The kernel parameters that stand for ``params`` in warp-specialized candidates.
         A parameter that sets only what a schedule decides instead (a loop's num_stages, the
         block's threads: ``PointInfo.program``) takes its first value in the grid that builds
         the same program, so that one kernel is one candidate, not one per value of a setting
-        the schedule overrides (the seed and tilelang's lowerings keep their own points)."""
-        if params in self._representatives:
-            return self._representatives[params]
+        the schedule overrides (the seed and tilelang's lowerings keep their own points).
+        ``offering``: among the points whose seed offers this warp layout (a split key)."""
+        if (params, offering) in self._representatives:
+            return self._representatives[params, offering]
         shape, found = self.shape(params), params
         info = None if isinstance(shape, str) else shape.info
         for key, value in params if info is not None and info.program else ():
@@ -351,21 +352,30 @@ class ScheduleSpace:
                     near = self.shape(probe)
                 except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
                     continue
-                if not isinstance(near, str) and near.info.program == info.program:
+                if not isinstance(near, str) and near.info.program == info.program and (offering is None or offering in near.split_keys.values()):
                     found = probe
                     break
-        self._representatives[params] = found
+        self._representatives[params, offering] = found
         return found
 
+    def _layout_home(self, params: ParamsKey, shape: SeedShape, label: str) -> ParamsKey:
+        """The kernel parameters a candidate of this point and warp layout is stored under:
+        the representative's where its seed offers the layout; else the first point on the
+        way to it that does (four consumer warpgroups at threads=512, not at 256: the point
+        at num_stages=3 and 512 threads stores them under num_stages=2's)."""
+        same = self.representative(params)
+        key = shape.split_keys[shape.split_alias.get(label, label)]
+        if same == params or key in self.shape(same).split_keys.values():  # a representative has a shape
+            return same
+        return self.representative(params, key)
+
     def _own_splits(self, params: ParamsKey, shape: SeedShape) -> frozenset[str] | None:
-        """The warp layouts (split labels) that only this point offers, where another point
-        stands for it (``representative``): the seed's own warpgroup count is among each
-        point's choices (four consumer warpgroups at threads=512, not at 256). None: it
-        stands for itself."""
+        """The warp layouts (split labels) whose candidates this point stores under its own
+        parameters, where another point stands for it (``representative``): the seed's own
+        warpgroup count is among each point's choices. None: it stands for itself."""
         if params not in self._own:
             same = self.representative(params)
-            theirs = set() if same == params else set(self.shape(same).split_keys.values())  # a representative has a shape
-            self._own[params] = None if same == params else frozenset(label for label, key in shape.split_keys.items() if key not in theirs)
+            self._own[params] = None if same == params else frozenset(label for label in shape.split_keys if self._layout_home(params, shape, label) == params)
         return self._own[params]
 
     def _same_reason(self, params: ParamsKey) -> str:
@@ -373,19 +383,13 @@ class ScheduleSpace:
         theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
         return f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)"
 
-    def _stored_params(self, params: ParamsKey, shape: SeedShape, label: str) -> ParamsKey:
-        """The kernel parameters a candidate of this point and warp layout is stored under:
-        the representative's, unless the layout is the point's own."""
-        own = self._own_splits(params, shape)
-        return params if own is not None and shape.split_alias.get(label, label) in own else self.representative(params)
-
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)
         return shape if isinstance(shape, str) else shape.seed_point(params)
 
     def seed_candidate(self, params: ParamsKey) -> Candidate | str:
         shape = self.shape(params)
-        return shape if isinstance(shape, str) else Candidate.make(dict(self._stored_params(params, shape, shape.seed_split)), shape.seed)
+        return shape if isinstance(shape, str) else Candidate.make(dict(self._layout_home(params, shape, shape.seed_split)), shape.seed)
 
     def lowering_candidates(self, params: ParamsKey, *, moving: bool = True) -> list[Candidate]:
         """The structure of tilelang's default warp specialization at these kernel

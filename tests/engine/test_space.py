@@ -1448,12 +1448,17 @@ def test_a_point_another_stands_for_keeps_the_warp_layouts_only_it_offers(data_d
     """HISA's pooled MQA at threads=512 builds the kernels of threads=256 (a schedule sets the
     threads), but its seed has four consumer warpgroups, which threads=256 does not offer:
     count and walk merged the whole point away, while random draws reached those layouts,
-    labelled threads=256 (a helper's port). The point keeps them, under its own parameters."""
+    labelled threads=256 (a helper's port). The point keeps them, under its own parameters, or
+    those of the first point on the way to its representative that offers them: num_stages=3
+    stored them under its own too, one kernel twice (another port's report)."""
     task = task_of(data_dir / "pool_mqa_fp8.py", "seq=1024")
     space = task.space()
     walked = [space.candidate(p) for p, _ in space.walk()]
     by = Counter((dict(c.params)["threads"], c.schedule.num_warps) for c in walked if isinstance(c, Candidate))
     assert by[(512, 20)] and all(t == 512 for t, warps in by if warps > 16) and all(t == 256 for t, warps in by if warps <= 16), by
+    # one kernel, one candidate: num_stages=3 at 512 threads builds num_stages=2's, four warpgroups included
+    kernels = Counter((c.schedule, tuple(kv for kv in c.params if kv[0] != "num_stages")) for c in walked if isinstance(c, Candidate))
+    assert max(kernels.values()) == 1 and {dict(c.params)["num_stages"] for c in walked if isinstance(c, Candidate)} == {2}
     assert space.count().kept == len(walked)
     seeds = [space.seed_candidate(p) for p in space.param_points()]
     assert {(dict(c.params)["threads"], c.schedule.num_warps) for c in seeds} == {(256, 12), (512, 20)}
