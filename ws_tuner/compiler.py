@@ -560,7 +560,10 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
         raise NoSeed("the kernel is warp-specialized by hand (T.ws blocks and its own barriers), which no WSSchedule describes: annotate one with T.annotate_ws_schedule to have it varied")
     prepared, seed, skipped = _role_based_seed(func)
     if seed is None and (narrow := _seed_narrow(func)) is not None:
-        prepared, seed = narrow
+        if isinstance(narrow, str):  # and why not at whole warpgroups, which says more than "a multiple of 128"
+            skipped = ["; ".join([*skipped[:1], narrow])]
+        else:
+            prepared, seed = narrow
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
@@ -1214,16 +1217,21 @@ def _narrow_otherwise(func: Any) -> _Otherwise | None:
 # schedules the kernel launched with whole warpgroups, and the kernel as written takes that
 # schedule with its Worker on its own warps and the other roles on the warps right after,
 # without register budgets (setmaxnreg is per warpgroup).
-def _seed_narrow(func: Any) -> tuple[Any, Schedule] | None:
+# None: not a kernel of whole warps short of a warpgroup; a string: why role_based seeds it
+# at whole warpgroups neither.
+def _seed_narrow(func: Any) -> tuple[Any, Schedule] | str | None:
     wide = _whole_group_threads(func)
     if wide is None:
         return None
     threads = _launch_threads(func)
+    at_wide = f"launched with {wide} threads (whole warpgroups, which it needs)"
     try:
-        prepared, seed, _ = _role_based_seed(_with_threads(func, wide))
-    except NoSeed:
-        return None
-    narrow = _narrowed(seed, wide // THREADS_PER_WARP, threads // THREADS_PER_WARP) if seed is not None else None
+        prepared, seed, skipped = _role_based_seed(_with_threads(func, wide))
+    except NoSeed as exc:
+        return f"{at_wide}: {exc}"
+    if seed is None:
+        return f"{at_wide}: {skipped[0]}" if skipped else f"{at_wide}, it found nothing to specialize"
+    narrow = _narrowed(seed, wide // THREADS_PER_WARP, threads // THREADS_PER_WARP)
     return (attach(_with_threads(prepared, threads), narrow), narrow) if narrow is not None else None
 
 

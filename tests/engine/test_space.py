@@ -1507,3 +1507,17 @@ def test_before_pruning_counts_distinct_kernels_not_points_that_build_anothers(d
     whole = space.count()
     assert whole.same_points == sum(1 for p in points if space.representative(p) != p and space._own_splits(p, space.shape(p)) == frozenset()) > 0
     assert sum(whole.pruned.values()) == whole.total - whole.kept
+
+
+def test_a_narrow_kernel_without_a_seed_says_why_not_at_whole_warpgroups_too(data_dir):
+    """KDA's intra-chunk backward at 32 threads and two stages: role_based needs whole
+    warpgroups, and at 128 threads it refuses a guarded write it would version. The reason
+    said only the first (a helper's port), though the kernel has a seed at 32 threads and
+    fewer stages."""
+    spec = load_kernel(data_dir / "large" / "kda_bwd_intra.py")
+    task = Task.make(spec, spec.parse_problem("B=1,S=512,H=2"))
+    info = task.point_info({"block_BC": 16, "num_stages": 2, "threads": 32})
+    assert info.seed is None
+    assert ("worker threads must be a multiple of 128 so issuer warps start a fresh warpgroup; launched with 128 threads (whole warpgroups, "
+            "which it needs): storage 'k_prev_shared' is written under a guard") in info.no_seed  # fmt: skip
+    assert task.point_info({"block_BC": 16, "num_stages": 0, "threads": 32}).seed is not None
