@@ -110,6 +110,7 @@ class Audit:
     kept: int = 0  # after it
     estimated: bool = False  # the two counted at a sample of the kernel-parameter points, scaled
     pruned_by: dict[str, int] = field(default_factory=dict)  # the whole space: rule -> points
+    points_pruned_by: dict[str, int] = field(default_factory=dict)  # kernel-parameter points with no candidates: "seed" or "kernel" -> points
     seed_point_is_seed: bool | None = None  # at every kernel-parameter point with a seed (None: no point counted has one)
     sampled: int = 0
     sample_pruned: dict[str, int] = field(default_factory=dict)  # rule -> sampled points
@@ -139,6 +140,7 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
     out = Audit(task.spec.path.name, task.problem)
     count = space.count(sample=points, seed=seed)
     out.total, out.kept, out.pruned_by, out.estimated = count.total, count.kept, dict(count.pruned), count.estimated
+    out.points_pruned_by = dict(count.points_pruned)
     checked = [_seed_point_is_seed(space, params) for params in space.param_sample(points, seed)]
     out.seed_point_is_seed = None if all(c is None for c in checked) else all(c is not False for c in checked)
     rng = random.Random(seed)
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(audit(task, samples=args.samples, survivors=args.survivors, compile_n=args.compile_n, jobs=args.jobs, seed=args.seed, points=args.points))
         print(table(rows[-1:]).splitlines()[1], flush=True)
         print(f"    at {rows[-1].problem}", flush=True)
-        if rows[-1].kept == 0 and set(rows[-1].pruned_by) == {"kernel"}:
+        if rows[-1].kept == 0 and set(rows[-1].points_pruned_by) == {"kernel"}:
             print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
         elif rows[-1].seed_point_is_seed is None:
             print("    no kernel-parameter point counted has a seed schedule: nothing to vary (`ws-tune space` says why)", flush=True)

@@ -156,11 +156,19 @@ class SpaceCount:
     # Points whose candidates another point builds (ScheduleSpace.representative): counted
     # there, in neither total nor pruned, so that "before pruning" counts distinct kernels.
     same_points: float = 0
-    seeded_points: int = 0  # points counted that have a seed (0: no schedule space, the counts are of points)
+    seeded_points: int = 0  # points counted that have a seed (0: no schedule space)
+    # Points with no candidates at all, by reason kind ("seed": none to vary; "kernel": its
+    # check() refuses the point): counted as points, not as candidates they never had.
+    points_pruned: Counter = field(default_factory=Counter)
 
     def prune(self, reason: str, n: float = 1) -> None:
         kind = reason.split(":", 1)[0]
         self.pruned[kind] += n
+        self.examples.setdefault(kind, reason)
+
+    def prune_point(self, reason: str) -> None:
+        kind = reason.split(":", 1)[0]
+        self.points_pruned[kind] += 1
         self.examples.setdefault(kind, reason)
 
     @property
@@ -177,7 +185,8 @@ class SpaceCount:
         if 1 < n < N and len(self.kept_by_point) == n:  # the standard error of a sample's total, drawn without replacement
             margin = 1.96 * N * math.sqrt(statistics.variance(self.kept_by_point) / n * (1 - n / N))
         return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, n, N, self.stages_sampled,
-                          list(self.kept_by_point), round(margin), round(self.same_points * f), self.seeded_points)  # fmt: skip
+                          list(self.kept_by_point), round(margin), round(self.same_points * f), self.seeded_points,
+                          Counter({kind: round(k * f) for kind, k in self.points_pruned.items()}))  # fmt: skip
 
     @property
     def points_with_candidates(self) -> int:

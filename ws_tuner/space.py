@@ -199,14 +199,11 @@ class ScheduleSpace:
         """Everything but warp ranges and budgets, each with its surviving (split, nregs)
         and the weight it counts with: 1, or, where only a sample of ``stage_sample`` of a
         plan's stage choices is walked, the choices each stands for."""
-        pruned_params: list[str] = []
-        reference: SeedShape | None = None
         for params in grid:
             shape = self.shape(params)
             if isinstance(shape, str):
-                pruned_params.append(shape)
+                count.prune_point(shape)
                 continue
-            reference = reference or shape
             count.seeded_points += 1
             if self._own_splits(params, shape) == frozenset():  # its candidates are another point's
                 count.same_points += 1
@@ -248,11 +245,6 @@ class ScheduleSpace:
                             for kind, n in survivors[1].items():
                                 count.prune(survivors[2][kind], n * weight)
                             yield params, shape, plan, asynchronous, depths, stages, survivors[0], weight
-        # A pruned kernel-parameter point hides the whole schedule space under it.
-        under = self._points_under(reference) if reference else 1
-        for reason in pruned_params:
-            count.total += under
-            count.prune(reason, under)
 
     def _nreg_choices(self, shape: SeedShape, plan: Plan) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(shape.nreg_decision(r, plan)[1] for r in plan.roles))
@@ -287,15 +279,6 @@ class ScheduleSpace:
                 else:
                     kept.append((label, nregs))
         return (kept, pruned, examples), total
-
-    def _points_under(self, shape: SeedShape) -> int:
-        n = 0
-        for moved, _ in shape.move_choices():
-            per_structure = len(shape.splits) * len(list(self._nreg_choices(shape, shape.plan(shape.layouts()[0], moved))))
-            for layout in shape.layouts():
-                plan = shape.plan(layout, moved)
-                n += len(self._depth_sets(plan)) * shape.stage_count(plan) * per_structure
-        return n
 
     def candidates(self) -> Iterator[Candidate]:
         for point, _ in self.walk():

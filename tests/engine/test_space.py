@@ -1521,3 +1521,17 @@ def test_a_narrow_kernel_without_a_seed_says_why_not_at_whole_warpgroups_too(dat
     assert ("worker threads must be a multiple of 128 so issuer warps start a fresh warpgroup; launched with 128 threads (whole warpgroups, "
             "which it needs): storage 'k_prev_shared' is written under a guard") in info.no_seed  # fmt: skip
     assert task.point_info({"block_BC": 16, "num_stages": 0, "threads": 32}).seed is not None
+
+
+def test_a_point_without_candidates_is_counted_as_a_point_not_as_the_space_it_lacks(data_dir):
+    """Block-sparse GEMM has no seed beyond one stage: each such point was charged the whole
+    space of a seeded one "before pruning", and pruned as "seed" (88% of a port's count).
+    Such points are counted apart, as points."""
+    spec = load_kernel(data_dir / "blocksparse_gemm.py")
+    space = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024")).space()
+    seeded, seedless = (("num_stages", 1), ("threads", 256)), (("num_stages", 2), ("threads", 256))
+    assert not isinstance(space.shape(seeded), str) and space.shape(seedless).startswith("seed: ")  # the premise
+    alone, both = space.count(at=[seeded]), space.count(at=[seeded, seedless])
+    assert (both.total, both.kept, dict(both.pruned)) == (alone.total, alone.kept, dict(alone.pruned)) and both.kept > 0
+    assert (dict(both.points_pruned), both.seeded_points) == ({"seed": 1}, 1)
+    assert both.examples["seed"] == space.shape(seedless)

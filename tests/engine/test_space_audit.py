@@ -119,7 +119,7 @@ def test_an_audit_of_a_kernel_without_a_seed_says_so_rather_than_true():
     audit gives as None ('-'), not as a rebuilt seed; and --shape reaches its problem."""
     row = audit_script.audit(audit_script.task_for(ROOT / "tests" / "data" / "token_cast_fp8.py", "M=8192,N=8192"), samples=3)
     assert row.problem == {"M": 8192, "N": 8192}
-    assert row.seed_point_is_seed is None and row.kept == 0 and set(row.pruned_by) == {"seed"}
+    assert row.seed_point_is_seed is None and row.kept == row.total == 0 and set(row.points_pruned_by) == {"seed"}
     assert audit_script.table([row]).splitlines()[1].split()[3] == "-"
 
 

@@ -237,8 +237,8 @@ def space(
     for kind, n in count.pruned.most_common():
         pruned.add_row(kind, str(n), count.examples[kind])
     out.print(pruned)
-    if not count.seeded_points:  # the counts would be of kernel-parameter points, not of candidates
-        out.print(f"candidates: none: no kernel-parameter point of the {count.params_counted} counted has a seed schedule to vary")
+    if not count.seeded_points:  # why: the lines below
+        out.print(f"candidates: none at the {count.params_counted} kernel-parameter point{'s' * (count.params_counted != 1)} counted")
     elif count.estimated:
         basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points"] * (count.params_counted < count.params_total)
         basis += [f"{STAGE_SAMPLE} random stage choices of each of {count.stages_sampled} plans with more"] * bool(count.stages_sampled)
@@ -246,6 +246,9 @@ def space(
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    for kind, n in count.points_pruned.most_common():
+        approx = "~" * (count.params_counted < count.params_total)
+        out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points have no candidates ({count.examples[kind]})")
     if count.same_points:
         approx = "~" * (count.params_counted < count.params_total)
         out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points build another point's kernels, "
@@ -261,7 +264,7 @@ def space(
 
 def _unserved(count: SpaceCount) -> str:
     """Why a problem has no tuning: the kernel's check (or its build) refuses every point."""
-    reason = count.examples[count.pruned.most_common(1)[0][0]] if count.pruned else "the space is empty"
+    reason = count.examples[count.points_pruned.most_common(1)[0][0]] if count.points_pruned else "the space is empty"
     return f"the kernel serves no kernel-parameter point at this problem (e.g. {reason})"
 
 
