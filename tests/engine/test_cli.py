@@ -219,6 +219,9 @@ def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     first = tuning(2)
     assert first.returncode == 0, first.stderr
     assert "compile-only" in first.stdout and "built" in first.stdout
+    # what the space keeps as in the seed: one line of topics (`ws-tune space` gives each in full)
+    kept = [line for line in first.stderr.splitlines() if line.startswith("kept as in the seed: ")]
+    assert len(kept) == 1 and kept[0].endswith("; consumers (`ws-tune space` says why)"), first.stderr
     again = tuning(2)
     assert again.returncode == 0, again.stderr
     assert "(7 reused from the store," in again.stdout  # 4 baselines + the lowering start + 2 searched, nothing rebuilt

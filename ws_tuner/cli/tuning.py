@@ -73,7 +73,7 @@ def tune(
         err.print(_nothing_to_search(sp))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     store = open_store(db)  # a database error is the one line, before any note
-    _print_limits(sp)
+    _print_limits(sp, brief=True)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
         compile_only = True
@@ -282,7 +282,13 @@ def _nothing_to_search(sp: Any) -> str:
     return f"no variant of the seed survives static pruning (e.g. {reason}): measuring the baselines only"
 
 
-def _print_limits(sp: Any) -> None:
-    """What the space cannot vary in this seed: it is still measured as the seed baseline."""
-    for note in sp.limits():
-        err.print(f"kept as in the seed: {note}")
+def _print_limits(sp: Any, brief: bool = False) -> None:
+    """What the space cannot vary in this seed: it is still measured as the seed baseline.
+    ``brief`` (a tuning): one line of their topics; ``ws-tune space`` gives each in full."""
+    notes = sp.limits()
+    if not brief:
+        for note in notes:
+            err.print(f"kept as in the seed: {note}", markup=False, highlight=False)
+    elif notes:
+        topics = [head if len(head := note.split(": ", 1)[0]) <= 80 else note for note in notes]
+        err.print(f"kept as in the seed: {'; '.join(topics)} (`ws-tune space` says why)", markup=False, highlight=False)
