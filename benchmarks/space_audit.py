@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    at {rows[-1].problem}", flush=True)
         if rows[-1].kept == 0 and set(rows[-1].points_pruned_by) == {"kernel"}:
             print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
+        elif rows[-1].estimated and rows[-1].kept == 0 and rows[-1].survivors:
+            print(f"    rough: the counts are scaled from {args.points} kernel-parameter points, none of which keeps a candidate of its own;"
+                  f" {rows[-1].survivors} survivors were drawn over the whole grid", flush=True)  # fmt: skip
         elif rows[-1].seed_point_is_seed is None:
             print("    no kernel-parameter point counted has a seed schedule: nothing to vary (`ws-tune space` says why)", flush=True)
         for message in rows[-1].rejected + rows[-1].compile_failed:
