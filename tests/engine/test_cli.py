@@ -250,3 +250,13 @@ def test_outdated_schema_names_the_upgrade_command(tmp_path, example_path):
     proc = ws_tune(str(example_path), "--shape", SHAPE, "--db", str(db), "--compile-only")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "ws-tune db upgrade" in proc.stderr or "revision" in proc.stderr
+
+
+def test_space_lists_a_long_axis_in_part_and_names_it_whole(data_dir):
+    """FlashAttention's backward: one Load role over four pipelines has 65 stage choices, which
+    ran to dozens of lines, and the axis name was cut short of the pipelines it names (a
+    helper's port)."""
+    proc = ws_tune("space", str(data_dir / "flash_bwd.py"), "--shape", "batch=1,heads=4,seq_len=1024", "--sample", "2", env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    text = "".join(proc.stdout.split())  # the table folds long cells over lines
+    assert "stage.Load.q/lse_shared/do/delta" in text and ",...(65inall)" in text, proc.stdout

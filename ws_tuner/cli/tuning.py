@@ -204,6 +204,8 @@ def _kept_interval(count: SpaceCount) -> str:
 # Kernel-parameter points counted by default: the seed of each is a tilelang PrimFunc,
 # and counting every point of a grid of hundreds takes many minutes.
 SPACE_SAMPLE = 48
+# Values listed per axis: a role's stage offsets over four pipelines are hundreds of tuples.
+AXIS_VALUES_SHOWN = 24
 
 
 @app.command()
@@ -225,10 +227,11 @@ def space(
     elapsed = time.perf_counter() - start
     seen = f" (decisions of the seeds at the {count.params_counted} points counted)" if count.estimated else ""
     axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}{seen}")
-    axes.add_column("axis")
+    axes.add_column("axis", overflow="fold")  # a stage axis names every pipeline of its role: cut, it names none
     axes.add_column("values")
     for name, values in sp.axes(sp.param_sample(sample or None)).items():
-        axes.add_row(name, ", ".join(map(str, values)))
+        shown = ", ".join(map(str, values[:AXIS_VALUES_SHOWN]))
+        axes.add_row(name, shown if len(values) <= AXIS_VALUES_SHOWN else f"{shown}, ... ({len(values)} in all)")
     out.print(axes)
     pruned = Table(title="static pruning")
     pruned.add_column("rule")
