@@ -47,6 +47,21 @@ def test_plain_lines_count_search_against_the_budget_and_baselines_apart():
     assert progress.interrupted_line(2) == "interrupted: 2 stored, re-run to resume"
 
 
+def test_the_seed_schedules_baseline_is_tagged_as_tilelangs_lowerings_are():
+    """In a log every baseline but the seed's carried its tag ([default], [no_ws], ...): the
+    seed, a schedule like any candidate's, read as one searched (a helper's port)."""
+    from ws_tuner.schedule import Role, Schedule
+
+    seed = Schedule(num_warps=8, roles=(Role("Consumer", 0, 4, 0), Role("Producer", 4, 8, 0)), pipelines=())
+    sink = io.StringIO()
+    with TuneProgress(Console(file=sink, force_terminal=False, width=300), budget=2) as progress:
+        progress("trial", TrialRecord(Candidate.make({"block": 64}, seed), TrialResult("s", Status.BUILT), BASELINE))
+        progress("trial", TrialRecord(Candidate.make({"block": 64}, seed.with_(num_warps=8)), TrialResult("t", Status.BUILT), SEARCH))
+    lines = sink.getvalue().splitlines()
+    assert "baseline: built [seed] block=64 | Consumer:0-4@0" in lines[0], lines
+    assert "[seed]" not in lines[1], lines
+
+
 def test_a_long_candidate_label_is_logged_whole_and_cut_visibly_on_the_bar():
     """A label cut at a fixed width printed "A_sx1,B_sx" for "A_sx1,B_sx5": another schedule."""
     label = {"block": "x" * 120}  # longer than any width the bar gives it

@@ -22,7 +22,7 @@ from ..candidate import Lowering
 from ..result import Status, TrialResult
 from .common import speed_text
 
-SEARCH = "search"  # pipeline.SEARCH, without importing the pipeline (and optuna) to draw a bar
+SEARCH, BASELINE = "search", "baseline"  # pipeline's, without importing the pipeline (and optuna) to draw a bar
 LOG_INTERVAL = 10.0  # seconds between plain progress lines of a long count
 
 
@@ -70,13 +70,15 @@ class TuneProgress:
         ours = record.candidate.lowering is not Lowering.REFERENCE
         if ours and r.tflops is not None and r.status is Status.OK and (self.best is None or r.tflops > self.best.tflops):
             self.best = r
-        what = f"{r.status.value:>13} {_clip(record.candidate.describe(), 70)}"
+        # tilelang's lowerings are tagged by describe(); the seed schedule, a baseline too, here
+        seed = "[seed] " if record.role == BASELINE and record.candidate.lowering is Lowering.WS else ""
+        what = f"{r.status.value:>13} {_clip(seed + record.candidate.describe(), 70)}"
         self.bar.update(self.task, completed=min(self.searched, self.budget), description=what, best=self._best_text())
         if not self.live:
             role = "search" if record.role == SEARCH else record.role
             reused = ", reused" if record.cached else ""
             self.console.print(f"[{self.searched}/{self.budget} search, {self.others} baseline/warm] {role}{reused}: "
-                               f"{r.status.value} {record.candidate.describe()}; {self._best_text()}", markup=False, highlight=False)  # fmt: skip
+                               f"{r.status.value} {seed}{record.candidate.describe()}; {self._best_text()}", markup=False, highlight=False)  # fmt: skip
 
     @staticmethod
     def interrupted_line(stored: int) -> str:
