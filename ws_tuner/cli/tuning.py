@@ -35,7 +35,7 @@ from .progress import TuneProgress, counting
 @app.command()
 @handles_errors
 def tune(
-    file: Path = typer.Argument(..., help="Kernel file (see examples/gemm.py and ws_tuner/kernel.py)"),
+    file: Path = typer.Argument(..., help="Kernel file (see docs/kernel-files.md)"),
     shape: Optional[str] = ShapeOpt,
     param: Optional[str] = ParamOpt,
     space_config: Optional[Path] = SpaceOpt,
