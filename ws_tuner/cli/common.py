@@ -168,11 +168,12 @@ def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list
     (a kernel its lowering cannot build), not a schedule of ws-tune's."""
     from ..candidate import TILELANG_LOWERINGS
 
+    tilelangs_own = {lw.value for lw in TILELANG_LOWERINGS}
     seen: dict[tuple[str, bool], Counter] = {}
     example: dict[tuple[str, bool, str], str] = {}
     for status, message, candidate, lowering in trials:
         if status not in PASSED and message:
-            key = (status, lowering in {lw.value for lw in TILELANG_LOWERINGS})
+            key = (status, lowering in tilelangs_own)
             seen.setdefault(key, Counter())[message] += 1
             example.setdefault((*key, message), candidate)
     lines = []

@@ -249,11 +249,10 @@ def space(
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
         out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+    approx = "~" * (count.params_counted < count.params_total)  # points scaled from a sample
     for kind, n in count.points_pruned.most_common():
-        approx = "~" * (count.params_counted < count.params_total)
         out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points have no candidates ({count.examples[kind]})")
     if count.same_points:
-        approx = "~" * (count.params_counted < count.params_total)
         out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points build another point's kernels, "
                   f"counted there ({count.examples['same']})")  # fmt: skip
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
