@@ -142,6 +142,7 @@ class TuneReport:
     records: list[TrialRecord] = field(default_factory=list)
     anchor: Candidate | None = None
     pruned: int = 0
+    searched_before: int = 0  # search candidates earlier runs stored: they count against the budget
     shared: int = 0  # candidates that shared another's measurement (the same generated code)
     confirmed: int = 0  # results re-timed in the final tournament
     interrupted: bool = False

@@ -153,7 +153,7 @@ class Tuner:
                  if (t.result.status is not Status.BUILT or self.runner is None) and self.task.holds(t.candidate)}  # fmt: skip
         self.strategy.keep_study_in(self.store.url, study_name_of(self.key, self.workload_id, self.task.pinned()))  # for optuna-dashboard
         self.strategy.pre_tuning(self.task.space(), [(t.result.info.get("decisions", {}), t.result) for t in known.values()])
-        searched = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
+        searched = self.report.searched_before = sum(t.result.info.get("role", SEARCH) == SEARCH for t in known.values())
         first = self._first()
         seeds = [c.hash for c, role in first if role == BASELINE and c.lowering is Lowering.WS]
         recorder = StoreRecorder(self.store, self.workload_id, first, self.options.budget, searched,

@@ -226,11 +226,14 @@ def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     assert again.returncode == 0, again.stderr
     assert "(7 reused from the store," in again.stdout  # 4 baselines + the lowering start + 2 searched, nothing rebuilt
     assert "time budget" not in again.stdout
+    assert "nothing new was searched: earlier runs on this database stored 2 searched candidates, the budget of 2" in " ".join(again.stdout.split())
+    assert "nothing new was searched" not in first.stdout
     # Two more search places, but a search of no seconds takes none.
     late = tuning(4, "--time-budget", "0")
     assert late.returncode == 0, late.stderr
     assert "(7 reused from the store," in late.stdout
     assert "the time budget ended the search after 2 searched candidate(s)" in " ".join(late.stdout.split())
+    assert "nothing new was searched" not in late.stdout  # the budget was not spent: the time ran out
 
 
 def test_best_without_results_exits_1(tmp_path, example_path):

@@ -93,6 +93,10 @@ def tune(
         err.print(progress.interrupted_line(report.stored))
         raise typer.Exit(130)
     _print_report(report, task)
+    if 0 < budget <= report.searched_before:
+        # Without this a resumed tuning looks like one whose search found nothing.
+        out.print(f"nothing new was searched: earlier runs on this database stored {report.searched_before} searched candidates, "
+                  f"the budget of {budget}; a larger --budget searches on from them")  # fmt: skip
 
 
 def _print_report(report: Any, task: Any) -> None:
