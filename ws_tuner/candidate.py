@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Collection
 
 from .schedule import Schedule
 
@@ -67,11 +67,13 @@ class Candidate:
     def hash(self) -> str:
         return sha256_hex(self.canonical())[:20]
 
-    def describe(self) -> str:
-        """A short human label: params, then the schedule's shape."""
-        params = " ".join(f"{k}={v}" for k, v in self.params)
+    def describe(self, scheduled: Collection[str] = ()) -> str:
+        """A short human label: params, then the schedule's shape. ``scheduled``: parameters
+        whose value the schedule replaces (``ScheduleSpace.set_by_schedule``), shown so: the
+        stored value (``threads=128`` beside 12 warps) is not what runs."""
         if self.schedule is None:
-            return f"[{self.lowering.value}] {params}"
+            return f"[{self.lowering.value}] " + " ".join(f"{k}={v}" for k, v in self.params)
+        params = " ".join(f"{k}={'(schedule)' if k in scheduled else v}" for k, v in self.params)
         s = self.schedule
         roles = ",".join(f"{r.name}:{r.warp_lo}-{r.warp_hi}@{r.max_nreg}" for r in s.roles)
         pipes = ",".join(f"{p.name}x{p.depth}" for p in s.pipelines)

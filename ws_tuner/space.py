@@ -99,6 +99,7 @@ class ScheduleSpace:
         self._notes: set[str] = set()  # limits met while enumerating, beside the seeds'
         self._representatives: dict[tuple[ParamsKey, tuple | None], ParamsKey] = {}
         self._own: dict[ParamsKey, frozenset[str] | None] = {}
+        self._set_keys: dict[ParamsKey, frozenset[str]] = {}
         self._uses: dict[tuple, dict[str, SharedUse]] = {}
 
     # --- structure ----------------------------------------------------------
@@ -324,22 +325,41 @@ class ScheduleSpace:
         ``offering``: among the points whose seed offers this warp layout (a split key)."""
         if (params, offering) in self._representatives:
             return self._representatives[params, offering]
-        shape, found = self.shape(params), params
-        info = None if isinstance(shape, str) else shape.info
-        for key, value in params if info is not None and info.program else ():
-            if not isinstance(value, int) or isinstance(value, bool) or value not in info.schedule_sets:
-                continue
-            for other in itertools.takewhile(lambda v, value=value: v != value, self.param_grid[key]):
-                probe = tuple((k, other if k == key else v) for k, v in found)
-                try:
-                    near = self.shape(probe)
-                except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
-                    continue
-                if not isinstance(near, str) and near.info.program == info.program and (offering is None or offering in near.split_keys.values()):
-                    found = probe
-                    break
+        found = params
+        for key, value in self._schedule_settable(params):
+            found = self._twin(found, key, itertools.takewhile(lambda v, value=value: v != value, self.param_grid[key]), offering) or found
         self._representatives[params, offering] = found
         return found
+
+    def set_by_schedule(self, params: ParamsKey) -> frozenset[str]:
+        """The kernel parameters whose value a warp-specialized candidate's schedule
+        replaces at this point (a block's threads, a loop's num_stages): another value
+        of theirs builds the same kernel. Shown as such, not as the stored value."""
+        if params not in self._set_keys:
+            self._set_keys[params] = frozenset(key for key, value in self._schedule_settable(params)
+                                               if self._twin(params, key, (v for v in self.param_grid[key] if v != value)))  # fmt: skip
+        return self._set_keys[params]
+
+    def _schedule_settable(self, params: ParamsKey) -> list[tuple[str, int]]:
+        """The parameters whose value is one the schedule sets instead (``PointInfo.schedule_sets``)."""
+        shape = self.shape(params)
+        if isinstance(shape, str) or not shape.info.program:
+            return []
+        return [(k, v) for k, v in params if isinstance(v, int) and not isinstance(v, bool) and v in shape.info.schedule_sets]
+
+    def _twin(self, params: ParamsKey, key: str, values: Iterable[Any], offering: tuple | None = None) -> ParamsKey | None:
+        """``params`` with ``key`` at the first of ``values`` that builds the same program
+        (and whose seed offers the warp layout ``offering``), or None."""
+        program = self.shape(params).info.program  # a point with settable parameters has a shape
+        for other in values:
+            probe = tuple((k, other if k == key else v) for k, v in params)
+            try:
+                near = self.shape(probe)
+            except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
+                continue
+            if not isinstance(near, str) and near.info.program == program and (offering is None or offering in near.split_keys.values()):
+                return probe
+        return None
 
     def _layout_home(self, params: ParamsKey, shape: SeedShape, label: str) -> ParamsKey:
         """The kernel parameters a candidate of this point and warp layout is stored under:

@@ -160,6 +160,11 @@ class Task:
         """The schedule space of this task (built once: it caches the seeds it has derived)."""
         return self._space
 
+    def describe(self, candidate: Candidate) -> str:
+        """``candidate.describe()``, with the parameters its schedule replaces shown so."""
+        scheduled = self._space.set_by_schedule(candidate.params) if candidate.schedule is not None else ()
+        return candidate.describe(scheduled)
+
     def lowered(self, candidate: Candidate) -> tuple[Any, dict[str, Any]]:
         """The PrimFunc (schedule attached) and pass configs that build the candidate."""
         func = self.primfunc(candidate.param_dict)

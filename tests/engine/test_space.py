@@ -1462,6 +1462,14 @@ def test_a_point_another_stands_for_keeps_the_warp_layouts_only_it_offers(data_d
     assert space.count().kept == len(walked)
     seeds = [space.seed_candidate(p) for p in space.param_points()]
     assert {(dict(c.params)["threads"], c.schedule.num_warps) for c in seeds} == {(256, 12), (512, 20)}
+    # Shown as the schedule's, not as the stored threads=256 beside 12 warps. block_Q=2 is one
+    # of the values the schedule sets (num_stages=2) but builds another kernel than block_Q=1.
+    wide = next(c for c in walked if isinstance(c, Candidate) and c.schedule.num_warps == 12 and dict(c.params)["block_Q"] == 2)
+    assert "threads=256" in wide.describe() and "num_stages=2" in wide.describe()
+    label = task.describe(wide)
+    assert "threads=(schedule)" in label and "num_stages=(schedule)" in label and "block_Q=2" in label, label
+    baseline = Candidate.make(wide.param_dict, None, Lowering.DEFAULT)
+    assert task.describe(baseline) == baseline.describe() and "threads=256" in baseline.describe()  # tilelang's lowering runs them
 
 
 def test_a_kernel_without_budgets_at_some_points_keeps_one_list_of_choices_per_name(data_dir):

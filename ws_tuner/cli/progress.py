@@ -18,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..candidate import Lowering
+from ..candidate import Candidate, Lowering
 from ..result import Status, TrialResult
 from .common import speed_text
 
@@ -30,9 +30,11 @@ class TuneProgress:
     """Listens to a Tuner: search candidates count against the budget; baselines and
     warm starts are measured on top and counted apart."""
 
-    def __init__(self, console: Console, budget: int, gbps: Callable[[float], float | None] | None = None) -> None:
+    def __init__(self, console: Console, budget: int, gbps: Callable[[float], float | None] | None = None,
+                 describe: Callable[[Candidate], str] = Candidate.describe) -> None:  # fmt: skip
         self.console, self.budget = console, budget
         self.gbps = gbps  # median ms -> GB/s, where the kernel file says what a call moves
+        self.describe = describe  # a candidate's label (Task.describe: the parameters its schedule replaces shown so)
         self.searched = self.others = 0
         self.best: TrialResult | None = None
         self.live = console.is_terminal
@@ -72,13 +74,14 @@ class TuneProgress:
             self.best = r
         # tilelang's lowerings are tagged by describe(); the seed schedule, a baseline too, here
         seed = "[seed] " if record.role == BASELINE and record.candidate.lowering is Lowering.WS else ""
-        what = f"{r.status.value:>13} {_clip(seed + record.candidate.describe(), 70)}"
+        label = self.describe(record.candidate)
+        what = f"{r.status.value:>13} {_clip(seed + label, 70)}"
         self.bar.update(self.task, completed=min(self.searched, self.budget), description=what, best=self._best_text())
         if not self.live:
             role = "search" if record.role == SEARCH else record.role
             reused = ", reused" if record.cached else ""
             self.console.print(f"[{self.searched}/{self.budget} search, {self.others} baseline/warm] {role}{reused}: "
-                               f"{r.status.value} {seed}{record.candidate.describe()}; {self._best_text()}", markup=False, highlight=False)  # fmt: skip
+                               f"{r.status.value} {seed}{label}; {self._best_text()}", markup=False, highlight=False)  # fmt: skip
 
     @staticmethod
     def interrupted_line(stored: int) -> str:

@@ -64,7 +64,7 @@ def best(file: Path = FileArg, shape: Optional[str] = ShapeOpt, db: Optional[str
     state = "confirmed in the final tournament" if r.confirmed else "not confirmed (search timing only)"
     vs = f", {r.ratio:.3f}x the anchor's time" if r.ratio is not None else ""
     speed = speed_text(r.tflops, task.spec.gbps(task.problem, r.timing.median_ms))
-    out.print(f"# {trial.candidate.describe()}  {speed}, {r.timing.median_ms:.4f} ms{vs}; {state}")
+    out.print(f"# {task.describe(trial.candidate)}  {speed}, {r.timing.median_ms:.4f} ms{vs}; {state}")
     source = task.source(trial.candidate)
     if source is not None:
         out.print(source)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.table import Table
 
+from ..candidate import Candidate
 from ..pipeline import BASELINE_KINDS
 from ..space import STAGE_SAMPLE, SpaceCount
 from .common import (
@@ -80,7 +81,7 @@ def tune(
     options = TuneOptions(budget=budget, time_budget=time_budget, jobs=jobs, baselines=baselines,
                           evaluator=EvaluatorConfig(timeout=run_timeout))  # fmt: skip
     runner = None if compile_only else LocalRunner(gpu)
-    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, TuneProgress(err, budget, _gbps(task)) as progress:
+    with LocalBuilder(jobs=jobs, timeout=compile_timeout) as builder, TuneProgress(err, budget, _gbps(task), task.describe) as progress:
         tuner = Tuner(task, store=store, builder=builder, runner=runner, strategy=search.create(strategy, seed=seed),
                       options=options, listener=progress)  # fmt: skip
         try:
@@ -116,7 +117,7 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{same} sharing another's generated code)")  # fmt: skip
     out.print(table)
-    for line in failure_lines([(r.result.status.value, r.result.message, r.candidate.describe(), r.candidate.lowering.value) for r in report.records]):
+    for line in failure_lines([(r.result.status.value, r.result.message, task.describe(r.candidate), r.candidate.lowering.value) for r in report.records]):
         out.print(line)
     if report.out_of_time:
         out.print(f"the time budget ended the search after {report.searched} searched candidate(s); every baseline was measured")
@@ -132,15 +133,15 @@ def _print_report(report: Any, task: Any) -> None:
     # Nothing searched (a kernel without a schedule space): the baselines, ranked among themselves.
     lead = best or report.best_of(rec for _, rec in rows if rec is not None)
     out.print(speed_table(rows, lead, _gbps(task)))
-    for line in faster_baselines(rows, best):
+    for line in faster_baselines(rows, best, describe=task.describe):
         out.print(line)
     if best is None and lead is not None:
         name = next(n for n, rec in rows if rec is lead)
-        out.print(f"no schedule of the space was measured: the fastest kernel is {name} ({lead.candidate.describe()})")
+        out.print(f"no schedule of the space was measured: the fastest kernel is {name} ({task.describe(lead.candidate)})")
     if report.anchor is not None:
-        out.print(f"ratios are to the anchor {report.anchor.describe()} (candidate {report.anchor.hash}), timed side by side in steady state")
+        out.print(f"ratios are to the anchor {task.describe(report.anchor)} (candidate {report.anchor.hash}), timed side by side in steady state")
     if best is not None:
-        out.print(f"best: {best.candidate.describe()}  (candidate {best.candidate.hash})")
+        out.print(f"best: {task.describe(best.candidate)}  (candidate {best.candidate.hash})")
         source = task.source(best.candidate)
         if source is not None:
             out.print(source)
@@ -174,14 +175,14 @@ def speed_table(rows: list[tuple[str, Any]], best: Any, gbps: Callable[[float], 
     return speed
 
 
-def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.01) -> list[str]:
+def faster_baselines(rows: list[tuple[str, Any]], best: Any, margin: float = 0.01, describe: Callable[[Any], str] = Candidate.describe) -> list[str]:
     """A line for each baseline that beat every searched schedule by more than the
     tournament's resolution (``margin``): the user should take that one instead."""
     lines = []
     for name, rec in rows:
         rel = _relative(best.result, rec.result) if best is not None and rec is not None and rec is not best else None
         if rel is not None and rel < 1 - margin:
-            lines.append(f"note: {name} ({rec.candidate.describe()}) is {1 / rel - 1:.1%} faster than the best searched schedule")
+            lines.append(f"note: {name} ({describe(rec.candidate)}) is {1 / rel - 1:.1%} faster than the best searched schedule")
     return lines
 
 
