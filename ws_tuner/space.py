@@ -149,12 +149,16 @@ class ScheduleSpace:
         # what only the kernel can change, where no seed of it has it (the GEMM example's sync seeds beside its async ones say nothing)
         kernel_side = [msg for key, msg in seeds[0].kernel_side.items() if all(key in s.kernel_side for s in seeds)] if seeds else []
         notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + sorted(self._notes)
-        shapes = [shape for shape in self._shapes.values() if not isinstance(shape, str)]
-        if unbudgeted := sum(not shape.info.budgets for shape in shapes):
-            where = "" if unbudgeted == len(shapes) else f" at {unbudgeted} of the {len(shapes)} points seen"
-            notes.append(f"register budgets: none in the seed{where}, as the kernel asks (T.no_set_max_nreg or T.disable_warp_group_reg_alloc); "
-                         "candidates vary them, as tilelang's role_based does, within the register rules")
         return list(dict.fromkeys(notes))
+
+    def widened(self) -> list[str]:
+        """What candidates vary though the seed leaves it out, and why (every seed seen so far)."""
+        shapes = [shape for shape in self._shapes.values() if not isinstance(shape, str)]
+        if not (unbudgeted := sum(not shape.info.budgets for shape in shapes)):
+            return []
+        where = "" if unbudgeted == len(shapes) else f" at {unbudgeted} of the {len(shapes)} points seen"
+        return [f"register budgets: none in the seed{where}, as the kernel asks (T.no_set_max_nreg or T.disable_warp_group_reg_alloc); "
+                "candidates vary them, as tilelang's role_based does, within the register rules"]
 
     def axes(self, grid: Iterable[ParamsKey] | None = None) -> dict[str, tuple[Any, ...]]:
         """Every decision and its choices, over the seeds of all kernel-parameter points

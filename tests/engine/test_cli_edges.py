@@ -297,3 +297,20 @@ def test_a_pin_off_the_files_grid_is_tried_with_a_note(data_dir):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[0] == "note: --param threads=384 is not among rmsnorm's PARAMS (128, 256)"
     assert re.search(r"param\.threads\s*│\s*384\s*│", proc.stdout) and "blk_m=1" not in proc.stderr  # an on-grid pin says nothing
+
+
+def test_what_candidates_vary_beyond_the_seed_is_not_called_kept():
+    """A kernel that opts out of setmaxnreg: its candidates vary the budgets anyway, which a
+    tuning's "kept as in the seed: register budgets" said the opposite of (a helper's port)."""
+    from types import SimpleNamespace
+
+    from ws_tuner.cli.common import err
+    from ws_tuner.cli.tuning import _print_limits
+
+    budgets = "register budgets: none in the seed, as the kernel asks (T.no_set_max_nreg); candidates vary them"
+    sp = SimpleNamespace(limits=lambda: ["MMA overlap: the kernel's MMAs are synchronous"], widened=lambda: [budgets])
+    for brief, expected in ((True, ["kept as in the seed: MMA overlap (`ws-tune space` says why)", "varied beyond the seed: register budgets (`ws-tune space` says why)"]),
+                            (False, ["kept as in the seed: MMA overlap: the kernel's MMAs are synchronous", f"varied beyond the seed: {budgets}"])):  # fmt: skip
+        with err.capture() as captured:
+            _print_limits(sp, brief=brief)
+        assert captured.get().splitlines() == expected

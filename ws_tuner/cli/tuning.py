@@ -290,12 +290,12 @@ def _nothing_to_search(sp: Any) -> str:
 
 
 def _print_limits(sp: Any, brief: bool = False) -> None:
-    """What the space cannot vary in this seed: it is still measured as the seed baseline.
-    ``brief`` (a tuning): one line of their topics; ``ws-tune space`` gives each in full."""
-    notes = sp.limits()
-    if not brief:
-        for note in notes:
-            err.print(f"kept as in the seed: {note}", markup=False, highlight=False)
-    elif notes:
-        topics = [head if len(head := note.split(": ", 1)[0]) <= 80 else note for note in notes]
-        err.print(f"kept as in the seed: {'; '.join(topics)} (`ws-tune space` says why)", markup=False, highlight=False)
+    """What the space cannot vary in this seed (it is still measured as the seed baseline),
+    and what it varies that the seed leaves out. ``brief`` (a tuning): one line of their topics; ``ws-tune space`` gives each in full."""
+    for title, notes in (("kept as in the seed", sp.limits()), ("varied beyond the seed", sp.widened())):
+        if not brief:
+            for note in notes:
+                err.print(f"{title}: {note}", markup=False, highlight=False)
+        elif notes:
+            topics = [head if len(head := note.split(": ", 1)[0]) <= 80 else note for note in notes]
+            err.print(f"{title}: {'; '.join(topics)} (`ws-tune space` says why)", markup=False, highlight=False)
