@@ -173,7 +173,8 @@ class KernelSpec:
             allowed = self.choices.get(key)
             if allowed and problem[key] not in allowed:
                 raise KernelFileError(f"{key}={problem[key]} is not one of {', '.join(map(str, allowed))}")
-            if not self.is_categorical(key) and isinstance(problem[key], int) and problem[key] <= 0:
+            # the file's own default may be 0 (a window of 0: none), and may be given as it is
+            if not self.is_categorical(key) and isinstance(problem[key], int) and problem[key] <= 0 and problem[key] != default:
                 raise KernelFileError(f"{key} must be positive, got {problem[key]}")
         return problem
 

@@ -212,7 +212,8 @@ class ScheduleSpace:
             count.seeded_points += 1
             if self._own_splits(params, shape) == frozenset():  # its candidates are another point's
                 count.same_points += 1
-                count.examples.setdefault("same", self._same_reason(params))
+                if "same" not in count.examples:  # probes its neighbours: once
+                    count.examples["same"] = self._same_reason(params)
                 continue
             for moved, asynchronous in shape.move_choices():
                 survivors, below = self._role_survivors(params, shape, moved)
@@ -388,7 +389,8 @@ class ScheduleSpace:
     def _same_reason(self, params: ParamsKey) -> str:
         same = self.representative(params)
         theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
-        return f"same: {ours} builds the warp-specialized kernels of {theirs} (a schedule sets the pipeline depths and threads)"
+        sets = " and ".join(sorted(self.set_by_schedule(params))) or "the pipeline depths and threads"
+        return f"same: the warp-specialized kernels of {ours} are those of {theirs}, built and counted there (a schedule sets {sets})"
 
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)

@@ -42,3 +42,20 @@ def test_categorical_arguments_are_not_sizes_in_the_distance(flash, gemm_spec):
     assert gemm_spec.problem_distance(g, {**g, "M": 8192, "K": 1024}) == pytest.approx(3.0)
     assert gemm_spec.problem_distance(g, {**g, "dtype": "bfloat16"}) is None
     assert gemm_spec.problem_distance(g, {"M": 4096}) is None
+
+
+def test_a_size_whose_default_is_zero_may_be_given_as_zero(tmp_path):
+    """A sliding window of 0 meaning none, left out of CHOICES: the default was taken, but
+    ``window=0`` said "window must be positive" (a helper's port)."""
+    path = tmp_path / "windowed.py"
+    path.write_text(
+        'PROBLEM = {"S": None, "window": 0}\nPARAMS = {"block": [64]}\n'
+        "def kernel(problem, block): ...\ndef inputs(problem, device): ...\ndef reference(problem, args): ...\ndef flops(problem): return 1\n"
+    )
+    spec = load_kernel(path)
+    assert spec.parse_problem("S=1024")["window"] == spec.parse_problem("S=1024,window=0")["window"] == 0
+    assert spec.parse_problem("S=1024,window=128")["window"] == 128
+    with pytest.raises(KernelFileError, match="window must be positive, got -1"):
+        spec.parse_problem("S=1024,window=-1")
+    with pytest.raises(KernelFileError, match="S must be positive"):
+        spec.parse_problem("S=0")

@@ -1511,7 +1511,8 @@ def test_before_pruning_counts_distinct_kernels_not_points_that_build_anothers(d
     alone, both = space.count(at=[space.representative(same)]), space.count(at=[space.representative(same), same])
     assert (both.total, both.kept, dict(both.pruned)) == (alone.total, alone.kept, dict(alone.pruned))
     assert (both.same_points, alone.same_points) == (1, 0) and "same" not in both.pruned
-    assert both.examples["same"].startswith("same: threads=")
+    # every parameter the schedule sets is named, not only the one this point differs in
+    assert both.examples["same"].startswith("same: the warp-specialized kernels of threads=") and "(a schedule sets num_stages and threads)" in both.examples["same"], both.examples["same"]
     whole = space.count()
     assert whole.same_points == sum(1 for p in points if space.representative(p) != p and space._own_splits(p, space.shape(p)) == frozenset()) > 0
     assert sum(whole.pruned.values()) == whole.total - whole.kept

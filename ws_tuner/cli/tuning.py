@@ -258,8 +258,8 @@ def space(
     for kind, n in count.points_pruned.most_common():
         out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points have no candidates ({count.examples[kind]})")
     if count.same_points:
-        out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points build another point's kernels, "
-                  f"counted there ({count.examples['same']})")  # fmt: skip
+        out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points have no warp-specialized kernel "
+                  f"of their own ({count.examples['same']})")  # fmt: skip
     # A kernel with nothing to specialize is still tuned (a sampled count of 0 may have missed survivors: walk to one)
     # (asked only where nothing was kept: which points the kernel serves takes a PrimFunc of each)
     if not count.kept and not (served := len(sp.served_points())):
