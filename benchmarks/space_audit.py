@@ -1,7 +1,7 @@
 """The schedule space of every kernel file, on a CPU: how big it is, and what
 becomes of a bounded random sample of its points (no GPU needed).
 
-    python benchmarks/space_audit.py [--samples 200] [--compile 3] [--jobs 2] [--out FILE] [FILE ...]
+    python benchmarks/space_audit.py [--samples 200] [--survivors 50] [--compile 0] [--jobs 2] [--points N] [--out FILE] [FILE ...]
 
 Per kernel file (default: examples/ and tests/data/), at one problem:
 1. the space's size before and after static pruning (``ScheduleSpace.count``);
@@ -65,6 +65,8 @@ PROBLEMS = {
     "sparse_mla_bwd.py": {"seq": 256, "seq_kv": 512, "topk": 256, "heads": 16, "dim": 256},
     "gqa_fwd.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
     "kda_bwd_dv.py": {"B": 1, "S": 8192, "H": 16},
+    "kda_intra_token.py": {"B": 1, "S": 2048, "H": 16},
+    "sink_gqa_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
 }
 
 
@@ -213,9 +215,9 @@ def table(rows: list[Audit]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", type=Path, help="kernel files (default: examples/ and tests/data/)")
-    ap.add_argument("--samples", type=int, default=200, help="points drawn per kernel file")
-    ap.add_argument("--survivors", type=int, default=50, help="points drawn among the survivors of the static rules")
-    ap.add_argument("--compile", type=int, default=0, dest="compile_n", help="verified candidates per file built with nvcc")
+    ap.add_argument("--samples", type=int, default=200, help="points drawn per kernel file (default: 200)")
+    ap.add_argument("--survivors", type=int, default=50, help="points drawn among the survivors of the static rules (default: 50)")
+    ap.add_argument("--compile", type=int, default=0, dest="compile_n", help="verified candidates per file built with nvcc (default: 0, none built)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel nvcc builds with --compile (default: 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random draws (default: 0)")
     ap.add_argument("--points", type=int, help="count at this many kernel-parameter points, drawn at random, and scale (default: all)")

@@ -179,6 +179,10 @@ CASES = {
     "pool_mqa_fp8": (DATA / "pool_mqa_fp8.py", "seq=4096", {}),
     # GDN's WY backward, second pass (two MMAs before the loop, three a trip; role_based's budgets undefined)
     "gdn_wy_fast_bwd": (DATA / "gdn_wy_fast_bwd.py", "S=4096", {}),
+    # Stop 48: KDA's token-parallel intra-chunk A (opts out of setmaxnreg: the seed sets no budget), and
+    # gpt-oss's GQA with sinks over packed sequences (a scalar max_seqlen_q argument, a sliding window).
+    "kda_intra_token": (DATA / "kda_intra_token.py", "B=1,S=2048,H=16", {}),
+    "sink_gqa_varlen": (DATA / "sink_gqa_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
 }
 
 
