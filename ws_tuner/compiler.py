@@ -157,6 +157,38 @@ def unwritten_params(func: Any, indices: tuple[int, ...]) -> list[str]:
     return [str(buffers[i].name) for i in indices if -len(buffers) <= i < len(buffers) and buffers[i].data not in written]
 
 
+# dtypes named alike by torch and TVM; others (fp8, packed fp4) are compared by their bits
+_SAME_NAMES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
+
+
+def argument_mismatch(func: Any, args: list[Any]) -> str | None:
+    """Why the kernel cannot take ``args`` (a kernel file's ``inputs``, made on torch's meta
+    device): their count, or a tensor's rank, static sizes or dtype against its buffer's;
+    None where they fit. Caught here, it is one line before anything is built, not a
+    launch error of every candidate on the GPU."""
+    params = list(func.params)
+    if len(args) != len(params):
+        names = [str(func.buffer_map[p].name) if p in func.buffer_map else str(p) for p in params]
+        return f"inputs() gives {len(args)} arguments, the kernel takes {len(params)} ({', '.join(names)})"
+    for i, (param, arg) in enumerate(zip(params, args)):
+        buf = func.buffer_map.get(param)
+        if buf is None:  # a scalar argument (an int32 length): a Python number
+            if getattr(arg, "ndim", 0):
+                return f"inputs()[{i}] is a tensor of shape {list(arg.shape)}, the kernel's {param} a scalar {param.dtype}"
+            continue
+        sizes = [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in buf.shape]
+        wanted = f"the kernel's {buf.name} is {buf.dtype} {['?' if d is None else d for d in sizes]}"
+        if not hasattr(arg, "shape") or not hasattr(arg, "dtype"):
+            return f"inputs()[{i}] is a {type(arg).__name__}, {wanted}"
+        dtype, bits = str(arg.dtype).removeprefix("torch."), arg.element_size() * 8
+        have = tvm.DataType(str(buf.dtype))
+        wrong_type = dtype != str(buf.dtype) if dtype in _SAME_NAMES and str(buf.dtype) in _SAME_NAMES else bits != have.bits * have.lanes
+        wrong_shape = len(arg.shape) != len(sizes) or any(d is not None and d != n for d, n in zip(sizes, arg.shape))
+        if wrong_type or wrong_shape:
+            return f"inputs()[{i}] is {dtype} {list(arg.shape)}, {wanted}"
+    return None
+
+
 # TVM's own calls are arithmetic (exp2, max, ...) but for these, which hand what they are
 # given to code that may write it; tilelang's (atomics, tile ops) may write theirs.
 _HANDS_OVER = frozenset({"tirx.address_of", "tirx.tvm_access_ptr", "tirx.call_extern", "tirx.call_intrin", "tirx.call_packed"})

@@ -114,9 +114,22 @@ class Task:
             unwritten = compiler.unwritten_params(func, self.spec.outputs)
             if unwritten:
                 raise KernelFileError(f"{self.spec.path.name}: OUTPUTS {list(self.spec.outputs)} names {', '.join(unwritten)}, which the kernel never writes")
+            mismatch = compiler.argument_mismatch(func, self._meta_inputs) if self._meta_inputs is not None else None
+            if mismatch:
+                raise KernelFileError(f"{self.spec.path.name}: {mismatch} (at {self.spec.name}.kernel({_fmt(dict(key))}))")
             return func
 
         return build
+
+    @functools.cached_property
+    def _meta_inputs(self) -> list[Any] | None:
+        """The kernel file's ``inputs`` made on torch's meta device (shapes and dtypes, no
+        memory), to hold against the kernel's arguments; None where its code needs real
+        values (lengths it reads back, a sort on the CPU) or there is no torch."""
+        try:
+            return self.spec.inputs(self.problem, "meta")
+        except Exception:  # noqa: BLE001 - user code: the GPU run checks what this cannot
+            return None
 
     def point_info(self, params: dict[str, Any]) -> PointInfo:
         if self.recorded is not None:

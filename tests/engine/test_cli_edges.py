@@ -314,3 +314,32 @@ def test_what_candidates_vary_beyond_the_seed_is_not_called_kept():
         with err.capture() as captured:
             _print_limits(sp, brief=brief)
         assert captured.get().splitlines() == expected
+
+
+GEMM_INPUTS = "return [torch.randn(M, K, device=device, dtype=torch.float16), torch.randn(K, N, device=device, dtype=torch.float16), torch.empty(M, N, device=device, dtype=torch.float16)]"
+
+
+@pytest.mark.parametrize(
+    "inputs, needle",
+    [
+        (GEMM_INPUTS.replace("torch.randn(K, N, device=device, dtype=torch.float16), ", ""), "inputs() gives 2 arguments, the kernel takes 3 (A, B, C)"),
+        (GEMM_INPUTS.replace("torch.randn(M, K, device=device, dtype=torch.float16)", "torch.randn(M, K, device=device)"), "inputs()[0] is float32 [256, 512], the kernel's A is float16 [256, 512]"),
+        (GEMM_INPUTS.replace("torch.randn(K, N,", "torch.randn(N, K,"), "inputs()[1] is float16 [384, 512], the kernel's B is float16 [512, 384]"),
+    ],
+    ids=["count", "dtype", "shape"],
+)
+def test_inputs_that_do_not_fit_the_kernel_are_one_line_before_anything_is_built(tmp_path, inputs, needle):
+    """A kernel file whose inputs() dropped an argument compiled and stored every candidate
+    without a word (compile-only never launches; a GPU run fails each launch): inputs() is
+    made on torch's meta device and held against the kernel's arguments first."""
+    source = (ROOT / "tests" / "data" / "plain_gemm.py").read_text()
+    assert GEMM_INPUTS in source
+    path = tmp_path / "gemm.py"
+    path.write_text(source.replace(GEMM_INPUTS, inputs))
+    db = tmp_path / "r.db"
+    proc = ws_tune(str(path), "--shape", "M=256,N=384,K=512", "--budget", "1", "--compile-only", "--db", str(db))
+    assert_one_line_error(proc, f"gemm.py: {needle}")
+    assert not db.exists()
+    # inputs() that need real values (a length read back) are not checked here, and tune as before
+    path.write_text(source.replace(GEMM_INPUTS, "assert device != 'meta'\n    " + GEMM_INPUTS))
+    assert ws_tune("space", str(path), "--shape", "M=256,N=384,K=512").returncode == 0
