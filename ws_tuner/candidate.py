@@ -74,11 +74,7 @@ class Candidate:
         if self.schedule is None:
             return f"[{self.lowering.value}] " + " ".join(f"{k}={v}" for k, v in self.params)
         params = " ".join(f"{k}={'(schedule)' if k in scheduled else v}" for k, v in self.params)
-        s = self.schedule
-        roles = ",".join(f"{r.name}:{r.warp_lo}-{r.warp_hi}@{r.max_nreg}" for r in s.roles)
-        pipes = ",".join(f"{p.name}x{p.depth}" for p in s.pipelines)
-        copies = f" | cp.async:{','.join(s.async_copies)}" if s.async_copies else ""
-        return f"{params} | {roles} | {pipes}{copies}"
+        return f"{params} | {self.schedule.summary()}"
 
 
 def canonical_json(data: Any) -> str:

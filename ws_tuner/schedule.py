@@ -185,6 +185,13 @@ class Schedule:
         return replace(self, **changes)
 
     # --- JSON ---------------------------------------------------------------
+    def summary(self) -> str:
+        """Roles (warps and budget) and pipelines (depth) in one short line."""
+        roles = ",".join(f"{r.name}:{r.warp_lo}-{r.warp_hi}@{r.max_nreg}" for r in self.roles)
+        pipes = ",".join(f"{p.name}x{p.depth}" for p in self.pipelines)
+        copies = f" | cp.async:{','.join(self.async_copies)}" if self.async_copies else ""
+        return f"{roles} | {pipes}{copies}"
+
     def to_json(self) -> dict[str, Any]:
         extra = {"async_copies": list(self.async_copies)} if self.async_copies else {}  # absent when empty: stored hashes stay
         return {

@@ -75,6 +75,9 @@ def test_space_prints_axes_and_counts(example_path):
     proc = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", pins, "--sample", "0")
     assert proc.returncode == 0, proc.stderr
     assert "nreg.Consumer" in proc.stdout and "pipelines" in proc.stdout
+    # the seed the axes vary, spelled as a candidate's label spells it (a helper found it nowhere)
+    seed = re.search(r"^seed schedule at (.*?): (\S+) \| (\S+) \(role:warps", proc.stdout, re.M)
+    assert seed and "mma=sync" in seed.group(1) and "Producer:" in seed.group(2) and "Consumer:" in seed.group(2), proc.stdout
     before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after \(", proc.stdout).groups())
     assert before > after > 10_000
     # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.

@@ -238,6 +238,10 @@ def space(
         shown = ", ".join(map(str, values[:AXIS_VALUES_SHOWN]))
         axes.add_row(name, shown if len(values) <= AXIS_VALUES_SHOWN else f"{shown}, ... ({len(values)} in all)")
     out.print(axes)
+    seeded = next((p for p in sp.param_sample(sample or None) if not isinstance(sp.shape(p), str)), None)
+    if seeded is not None:  # what the axes vary
+        at = ", ".join(f"{k}={v}" for k, v in seeded)
+        out.print(f"seed schedule at {at}: {sp.shape(seeded).seed.summary()} (role:warps lo-hi, hi excluded, @setmaxnreg, 0 none; pipeline x depth)", markup=False, highlight=False)
     pruned = Table(title="static pruning")
     pruned.add_column("rule")
     pruned.add_column("pruned", justify="right")
