@@ -66,6 +66,9 @@ PROBLEMS = {
     "gqa_fwd.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
     "kda_bwd_dv.py": {"B": 1, "S": 8192, "H": 16},
     "kda_intra_token.py": {"B": 1, "S": 2048, "H": 16},
+    # B * H blocks in the grid's y: 1024 of each is over CUDA's 65535
+    "kda_bwd_gla_da.py": {"B": 1, "S": 8192, "H": 16},
+    "kda_decode.py": {"batch": 64, "num_slots": 48},
     "sink_gqa_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
 }
 

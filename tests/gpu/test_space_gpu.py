@@ -182,6 +182,7 @@ CASES = {
     # Stop 48: KDA's token-parallel intra-chunk A (opts out of setmaxnreg: the seed sets no budget), and
     # gpt-oss's GQA with sinks over packed sequences (a scalar max_seqlen_q argument, a sliding window).
     "kda_intra_token": (DATA / "kda_intra_token.py", "B=1,S=2048,H=16", {}),
+    "kda_bwd_gla_da": (DATA / "kda_bwd_gla_da.py", "B=1,S=2048,H=16", {}),
     "sink_gqa_varlen": (DATA / "sink_gqa_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
 }
 
