@@ -1222,7 +1222,7 @@ def _seed_otherwise(func: Any) -> _Otherwise | None:
     then seeds."""
     for rewrite, what in _WHERE_UNSEEDED:
         new = rewrite(func)
-        if new.same_as(func):
+        if tvm.ir.structural_equal(new, func):  # a rewrite may rebuild what it leaves as it was
             continue
         try:
             prepared, _ = _role_based(new)
@@ -1429,7 +1429,7 @@ def rewrites(func: Any) -> tuple[Any, list[str]]:
         if not tvm.ir.structural_equal(new, func):
             changes.append(what)
         func = new
-    if any(not rewrite(func).same_as(func) for rewrite, _ in _WHERE_UNSEEDED) and _unseeded(func):  # as prepare rewrites it
+    if any(not tvm.ir.structural_equal(rewrite(func), func) for rewrite, _ in _WHERE_UNSEEDED) and _unseeded(func):  # as prepare rewrites it
         otherwise = _seed_otherwise(func) or _narrow_otherwise(func)
         if otherwise is not None:
             func = otherwise.func

@@ -1518,6 +1518,19 @@ def test_before_pruning_counts_distinct_kernels_not_points_that_build_anothers(d
     assert sum(whole.pruned.values()) == whole.total - whole.kept
 
 
+def test_a_narrow_kernel_that_role_based_seeds_as_written_claims_no_rewrite(data_dir):
+    """KDA's dA backward at 32 threads: role_based seeds it at 128 as written, but the
+    state-store rewrite, which rebuilt the kernel unchanged, was taken for a change: a
+    "rewritten" lowering was built, the kernel as written again (a helper's port)."""
+    task = task_of(data_dir / "kda_bwd_gla_da.py", "B=1,S=2048,H=16")
+    for threads in (32, 128):
+        params = {"block_DV": 32, "num_stages": 0, "threads": threads}
+        assert compiler.rewrites(compiler.strip(task.primfunc(params)))[1] == []
+        info = task.point_info(params)
+        assert info.seed is not None and not info.rewritten
+
+
+
 def test_a_narrow_kernel_without_a_seed_says_why_not_at_whole_warpgroups_too(data_dir):
     """KDA's intra-chunk backward at 32 threads and two stages: role_based needs whole
     warpgroups, and at 128 threads it refuses a guarded write it would version. The reason
