@@ -71,7 +71,7 @@ def tune(
     if next(sp.walk(count), None) is None:
         if not sp.served_points():
             raise _fail(_unserved(count))
-        err.print(_nothing_to_search(sp))
+        err.print(_nothing_to_search(task) + (f"; --budget {budget} is not used" if budget else ""))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     store = open_store(db)  # a database error is the one line, before any note
     _print_limits(sp, brief=True)
@@ -242,13 +242,14 @@ def space(
     if seeded is not None:  # what the axes vary
         at = ", ".join(f"{k}={v}" for k, v in seeded)
         out.print(f"seed schedule at {at}: {sp.shape(seeded).seed.summary()} (role:warps lo-hi, hi excluded, @setmaxnreg, 0 none; pipeline x depth)", markup=False, highlight=False)
-    pruned = Table(title="static pruning")
-    pruned.add_column("rule")
-    pruned.add_column("pruned", justify="right")
-    pruned.add_column("example")
-    for kind, n in count.pruned.most_common():
-        pruned.add_row(kind, str(n), count.examples[kind])
-    out.print(pruned)
+    if count.pruned:  # (none where no point has a seed: the lines below say why)
+        pruned = Table(title="static pruning")
+        pruned.add_column("rule")
+        pruned.add_column("pruned", justify="right")
+        pruned.add_column("example")
+        for kind, n in count.pruned.most_common():
+            pruned.add_row(kind, str(n), count.examples[kind])
+        out.print(pruned)
     if not count.seeded_points:  # why: the lines below
         out.print(f"candidates: none at the {count.params_counted} kernel-parameter point{'s' * (count.params_counted != 1)} counted")
     elif count.estimated:
@@ -269,7 +270,7 @@ def space(
     if not count.kept and not (served := len(sp.served_points())):
         raise _fail(_unserved(count))
     if not count.kept and next(sp.walk(), None) is None:
-        err.print(f"a tuning: {_nothing_to_search(sp)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
+        err.print(f"a tuning: {_nothing_to_search(task)}, at the {served} kernel-parameter point{'s' * (served != 1)} the kernel serves")
     _print_limits(sp)
 
 
@@ -279,14 +280,16 @@ def _unserved(count: SpaceCount) -> str:
     return f"the kernel serves no kernel-parameter point at this problem (e.g. {reason})"
 
 
-def _nothing_to_search(sp: Any) -> str:
+def _nothing_to_search(task: Any) -> str:
     """Why a space that keeps no candidate keeps none, and what a tuning measures instead,
     at a problem where the kernel serves some point."""
+    sp = task.space()
     served = sp.served_points()
     if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
         reasons = Counter(sp.shape(p) for p in served).most_common()
         others = f"; {len(served) - reasons[0][1]} of the {len(served)} points for other reasons" if len(reasons) > 1 else ""
-        return f"no schedule space ({reasons[0][0]}{others}): measuring tilelang's own lowerings and the vendors only"
+        vendors = " and the vendors' (" + ", ".join(task.spec.vendor_names(task.problem)) + ")" if task.spec.vendor_names(task.problem) else ""
+        return f"no schedule space ({reasons[0][0]}{others}): measuring tilelang's own lowerings{vendors} only"
     # why the served, seeded points' variants went, not why other points are refused, have no seed or stand for another
     count = sp.count(at=[p for p in served if not isinstance(sp.shape(p), str)])
     reason = next((count.examples[kind] for kind, _ in count.pruned.most_common() if kind not in ("seed", "same")), "the space is empty")
