@@ -39,10 +39,10 @@ the loop reads; one loop with two global tiles (K, dk_in), a shared tile the con
 from K (beta K) and two MMAs read, an accumulator carried across trips (beta K K^T) beside
 one cleared by its MMA and one loaded from dk_in, a row reduction and a store per trip; dA's
 fp32 fragment stays live through the loop for the epilogue, which stores a fragment element
-by element, once transposed. Every problem argument has a default (the example's main), yet
-the CLI asks for --shape: give it empty.
+by element, once transposed. Every problem argument has a default (the example's main), so
+--shape may be left out.
 
-    ws-tune tests/data/gdn_wy_fast_bwd.py --shape "" --budget 16
+    ws-tune tests/data/gdn_wy_fast_bwd.py --budget 16
 """
 
 import tilelang.language as T
