@@ -157,6 +157,28 @@ def unwritten_params(func: Any, indices: tuple[int, ...]) -> list[str]:
     return [str(buffers[i].name) for i in indices if -len(buffers) <= i < len(buffers) and buffers[i].data not in written]
 
 
+# CUDA's largest grid: blockIdx.x to 2^31 - 1, y and z to 65535 each
+GRID_LIMITS = {"blockIdx.x": 2**31 - 1, "blockIdx.y": 65535, "blockIdx.z": 65535}
+
+
+def grid_reason(func: Any) -> str | None:
+    """Why the kernel's grid cannot launch (an extent over CUDA's limit), or None: no
+    lowering of it runs, so its point has nothing to build."""
+    over: list[str] = []
+
+    def visit(node: Any) -> None:
+        tag, extent = None, None
+        if isinstance(node, tvm.tirx.AttrStmt) and node.attr_key == "thread_extent":
+            tag, extent = node.node.thread_tag, node.value
+        elif isinstance(node, tvm.tirx.For) and node.kind == tvm.tirx.ForKind.THREAD_BINDING:
+            tag, extent = node.thread_binding.thread_tag, node.extent
+        if tag in GRID_LIMITS and isinstance(extent, tvm.tirx.IntImm) and int(extent) > GRID_LIMITS[tag]:
+            over.append(f"{tag} extent {int(extent)} is over CUDA's limit of {GRID_LIMITS[tag]}")
+
+    stmt_functor.post_order_visit(func.body, visit)
+    return f"the grid cannot launch: {'; '.join(over)}" if over else None
+
+
 # dtypes named alike by torch and TVM; others (fp8, packed fp4) are compared by their bits
 _SAME_NAMES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
 

@@ -167,7 +167,13 @@ class Task:
     def check(self, params: dict[str, Any], schedule: Any) -> str | None:
         if self.recorded is not None:
             return self.recorded.check(params, schedule)
-        return self.spec.check(self.problem, params, schedule)
+        reason = self.spec.check(self.problem, params, schedule)
+        if reason or schedule is not None:
+            return reason
+        try:  # a point whose grid CUDA cannot launch: refused as the kernel's check() would
+            return compiler.grid_reason(self.primfunc(params))
+        except (compiler.CompilerError, KernelFileError):  # said where the point is built
+            return None
 
     def space(self) -> ScheduleSpace:
         """The schedule space of this task (built once: it caches the seeds it has derived)."""

@@ -224,7 +224,7 @@ def test_without_a_searched_schedule_the_report_names_the_fastest_baseline(capsy
                        record({"vendor": "cublas"}, Lowering.REFERENCE, 0.9)]  # fmt: skip
     moved = 2e9  # bytes a call moves: 2,000 GB/s at 1 ms
     spec = SimpleNamespace(name="k", bytes_moved=lambda p: moved, gbps=lambda p, ms: moved / (ms * 1e-3) / 1e9)
-    _print_report(report, SimpleNamespace(spec=spec, problem={"M": 1}))
+    _print_report(report, SimpleNamespace(spec=spec, problem={"M": 1}, describe=Candidate.describe))
     out = " ".join(capsys.readouterr().out.split())
     assert "no schedule of the space was measured: the fastest kernel is reference ([reference] vendor=cublas)" in out
     assert "1.100x" in out  # default, against the fastest
@@ -343,3 +343,13 @@ def test_inputs_that_do_not_fit_the_kernel_are_one_line_before_anything_is_built
     # inputs() that need real values (a length read back) are not checked here, and tune as before
     path.write_text(source.replace(GEMM_INPUTS, "assert device != 'meta'\n    " + GEMM_INPUTS))
     assert ws_tune("space", str(path), "--shape", "M=256,N=384,K=512").returncode == 0
+
+
+def test_a_problem_whose_grid_cuda_cannot_launch_is_one_line(data_dir):
+    """KDA's dA backward launches B * H blocks along y: at B = H = 1024 (the audit's size for
+    any unlisted argument) that is over CUDA's 65535, yet it was built and called verified (a
+    helper's port); on a GPU every launch would fail."""
+    shape, pin = "B=1024,S=1024,H=1024", "block_DV=32,num_stages=0,threads=128"
+    proc = ws_tune("space", str(data_dir / "kda_bwd_gla_da.py"), "--shape", shape, "--param", pin)
+    assert_one_line_error(proc, "the kernel serves no kernel-parameter point at this problem (e.g. kernel: the grid cannot launch: blockIdx.y extent 1048576 is over CUDA's limit of 65535)")
+    assert ws_tune("space", str(data_dir / "kda_bwd_gla_da.py"), "--shape", "B=1,S=1024,H=16", "--param", pin).returncode == 0

@@ -111,7 +111,7 @@ def test_the_cli_summary_reports_the_wrong_fraction(capsys):
     key = WorkloadKey.make("k", "0" * 64, {"M": 1}, Environment("sm_90a", "NVIDIA H200", "0", "0", "0"))
     report = TuneReport(key, 0, compile_only=False)
     report.records += _record(SEARCH, Status.OK, 3) + _record(SEARCH, Status.WRONG, 1)
-    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k", bytes_moved=lambda problem: None), problem={"M": 1}))
+    _print_report(report, SimpleNamespace(spec=SimpleNamespace(name="k", bytes_moved=lambda problem: None), problem={"M": 1}, describe=Candidate.describe))
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "WRONG (of the searched)" in ln)
     assert "25.0%" in line
 

@@ -238,8 +238,10 @@ def space(
         shown = ", ".join(map(str, values[:AXIS_VALUES_SHOWN]))
         axes.add_row(name, shown if len(values) <= AXIS_VALUES_SHOWN else f"{shown}, ... ({len(values)} in all)")
     out.print(axes)
-    seeded = next((p for p in sp.param_sample(sample or None) if not isinstance(sp.shape(p), str)), None)
-    if seeded is not None:  # what the axes vary
+    # what the axes vary: at the first point counted, in grid order, or the point that builds its kernels
+    order = {p: i for i, p in enumerate(sp.param_points())}
+    seeded = next((sp.representative(p) for p in sorted(sp.param_sample(sample or None), key=order.get) if not isinstance(sp.shape(p), str)), None)
+    if seeded is not None:
         at = ", ".join(f"{k}={v}" for k, v in seeded)
         out.print(f"seed schedule at {at}: {sp.shape(seeded).seed.summary()} (role:warps lo-hi, hi excluded, @setmaxnreg, 0 none; pipeline x depth)", markup=False, highlight=False)
     if count.pruned:  # (none where no point has a seed: the lines below say why)
