@@ -148,7 +148,8 @@ class ScheduleSpace:
         seeds = [variants.seed for variants in self._seeds.values()]
         # what only the kernel can change, where no seed of it has it (the GEMM example's sync seeds beside its async ones say nothing)
         kernel_side = [msg for key, msg in seeds[0].kernel_side.items() if all(key in s.kernel_side for s in seeds)] if seeds else []
-        notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + sorted(self._notes)
+        pinned = [msg for variants in self._seeds.values() for msg in variants.pinned.values()]  # met while enumerating
+        notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + pinned + sorted(self._notes)
         return list(dict.fromkeys(notes))
 
     def widened(self) -> list[str]:

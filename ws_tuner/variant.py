@@ -46,6 +46,7 @@ class StageChoice:
     groups: tuple[Group, ...]
     options: tuple[tuple[int, ...], ...]
     complete: bool = True  # every offset combination keeps the dependences
+    refused: str | None = None  # why some offset combination does not (the first reason)
 
     def label(self, option: tuple[int, ...]) -> str:
         return ",".join(str(stage - g.base) for g, stage in zip(self.groups, option))
@@ -98,6 +99,8 @@ class Variants:
         self.seed = seed
         self.max_stage_offset = max_stage_offset
         self.deadlocks = deadlocks or DeadlockModel()
+        # bodies whose stages the dependences pin to one choice, and why: kept as in the seed
+        self.pinned: dict[BodyKey, str] = {}
 
     # --- plans --------------------------------------------------------------
     def plan(self, layout: str, moved: tuple[str, ...] = ()) -> Plan:
@@ -134,6 +137,8 @@ class Variants:
             choice, reason = self._stage_choice(key, groups, pipe_of, producer, moves)
             if choice is not None and len(choice.options) == 1:  # one way: pin it, no decision
                 groups = [replace(g, fixed=stage) for g, stage in zip(groups, choice.options[0])]
+                if choice.refused:  # no axis, so say why (a loop's scalar that both spans read)
+                    self.pinned[key] = f"{key[1]}'s stages in {key[0]}: one choice keeps the seed's dependences ({choice.refused})"
             elif choice is not None:
                 choices.append(choice)
             infeasible = infeasible or reason
@@ -169,7 +174,7 @@ class Variants:
                 feasible.append(tuple(g.base + x for g, x in zip(groups, offsets)))
         if not feasible:
             return None, reason
-        return StageChoice(tuple(groups), tuple(feasible), complete=len(feasible) == len(options) == len(everything)), None
+        return StageChoice(tuple(groups), tuple(feasible), complete=len(feasible) == len(options) == len(everything), refused=reason), None
 
     def _body_order(self, key: BodyKey) -> tuple[int, int]:
         scope, role = key

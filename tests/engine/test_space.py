@@ -1557,3 +1557,19 @@ def test_a_point_without_candidates_is_counted_as_a_point_not_as_the_space_it_la
     assert (both.total, both.kept, dict(both.pruned)) == (alone.total, alone.kept, dict(alone.pruned)) and both.kept > 0
     assert (dict(both.points_pruned), both.seeded_points) == ({"seed": 1}, 1)
     assert both.examples["seed"] == space.shape(seedless)
+
+
+def test_stages_the_dependences_pin_to_one_choice_are_said_to_be_kept(data_dir):
+    """GQA with sinks over packed sequences, in a sliding window: the Load role computes its
+    window's start (a scalar) each trip, which both K's and V's copies read, so K and V load at
+    one stage. Their stage axis vanished without a word (a helper's port); now it says why."""
+    spec = load_kernel(data_dir / "sink_gqa_varlen.py")
+    shape = "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1"
+    pin = spec.parse_params("block_M=64,block_N=64,num_stages=1,threads=128")
+    windowed, plain = (Task.make(spec, spec.parse_problem(f"{shape},window={w}"), pin).space() for w in (128, 0))
+    for space in (windowed, plain):
+        space.count()
+    assert "stage.Load.K_shared/V_shared" in plain.axes() and "stage.Load.K_shared/V_shared" not in windowed.axes()
+    note = "Load's stages in loop_0: one choice keeps the seed's dependences (order: in Load's body of loop_0, 'actual_k_0' and "
+    assert any(n.startswith(note) and "share scalar actual_k at different stages" in n for n in windowed.limits()), windowed.limits()
+    assert not any("one choice keeps" in n for n in plain.limits())

@@ -306,5 +306,5 @@ def _print_limits(sp: Any, brief: bool = False) -> None:
             for note in notes:
                 err.print(f"{title}: {note}", markup=False, highlight=False)
         elif notes:
-            topics = [head if len(head := note.split(": ", 1)[0]) <= 80 else note for note in notes]
+            topics = list(dict.fromkeys(head if len(head := note.split(": ", 1)[0]) <= 80 else note for note in notes))
             err.print(f"{title}: {'; '.join(topics)} (`ws-tune space` says why)", markup=False, highlight=False)
