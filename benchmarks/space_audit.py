@@ -64,6 +64,8 @@ PROBLEMS = {
     # more keys than queries, and 16 heads of 256: the gathered keys' pipeline fits beside Q and dO
     "sparse_mla_bwd.py": {"seq": 256, "seq_kv": 512, "topk": 256, "heads": 16, "dim": 256},
     "gqa_fwd.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
+    "gqa_fwd_pipelined.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
+    "gqa_bwd_varlen.py": {"batch": 4, "heads": 32, "seq_len": 1024, "causal": 1},
     "kda_bwd_dv.py": {"B": 1, "S": 8192, "H": 16},
     "kda_intra_token.py": {"B": 1, "S": 2048, "H": 16},
     # B * H blocks in the grid's y: 1024 of each is over CUDA's 65535

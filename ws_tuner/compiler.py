@@ -36,6 +36,9 @@ from .schedule import SYNC_KINDS, THREADS_PER_WARP, WARPS_PER_GROUP, Mma, OpAcce
 
 # tilelang logs every compile at INFO; a tuner compiles thousands.
 logging.getLogger("tilelang").setLevel(logging.WARNING)
+# Its parser logs a kernel function it cannot build with the whole generated source (80-odd
+# lines on stdout) before it raises; the raise is reported, in one line.
+logging.getLogger("tilelang.language.eager.builder").setLevel(logging.CRITICAL + 1)
 
 
 def _keep_ctrl_c() -> None:
@@ -632,6 +635,14 @@ def sets_max_nreg(func: Any) -> bool:
     """Whether the kernel lets its roles have register budgets: not where it opts out with
     ``T.no_set_max_nreg()``, as Mamba-2's chunk scan does."""
     return not _nodes(func.body, lambda n: isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", "") == "tl.no_set_max_nreg")
+
+
+def orders_its_pipeline(func: Any) -> bool:
+    """Whether the kernel plans a pipelined loop itself (``T.Pipelined(..., order=, stage=)``):
+    tilelang's lowering without warp specialization follows that plan; warp-specialized
+    ones (role_based's, the seed's and its variants) stage the loop by roles instead."""
+    planned = ("tl_pipeline_order", "tl_pipeline_stage", "software_pipeline_order", "software_pipeline_stage")
+    return bool(_nodes(func.body, lambda n: isinstance(n, tvm.tirx.For) and any(k in n.annotations for k in planned)))
 
 
 # tilelang's default lowering honours T.no_set_max_nreg(); role_based gives the seed's roles

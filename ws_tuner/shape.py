@@ -50,6 +50,7 @@ class PointInfo:
     program: str = ""  # compiler.scheduled_program: equal at two points, a schedule builds one kernel at both
     schedule_sets: frozenset[int] = frozenset()  # the values of what the schedule sets instead (num_stages, threads)
     budgets: bool = True  # False: the kernel opts out of setmaxnreg (T.no_set_max_nreg): its seed sets no budget
+    orders_pipeline: bool = False  # compiler.orders_its_pipeline: a plan of its own that only no_ws follows
 
 
 @dataclass(frozen=True)

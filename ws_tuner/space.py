@@ -150,6 +150,9 @@ class ScheduleSpace:
         kernel_side = [msg for key, msg in seeds[0].kernel_side.items() if all(key in s.kernel_side for s in seeds)] if seeds else []
         pinned = [msg for variants in self._seeds.values() for msg in variants.pinned.values()]  # met while enumerating
         notes = [msg for seed in seeds for msg in seed.limits] + kernel_side + pinned + sorted(self._notes)
+        if any(not isinstance(shape, str) and shape.info.orders_pipeline for shape in self._shapes.values()):
+            notes.append("software pipeline: the kernel's own order and stages of a T.Pipelined loop are followed by tilelang's "
+                         "no_ws lowering only; warp-specialized kernels (the seed, its variants, tilelang's default) stage the loop by roles and pipelines")  # fmt: skip
         return list(dict.fromkeys(notes))
 
     def widened(self) -> list[str]:

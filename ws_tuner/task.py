@@ -152,6 +152,7 @@ class Task:
             program=program,
             schedule_sets=schedule_sets,
             budgets=compiler.sets_max_nreg(prepared),
+            orders_pipeline=compiler.orders_its_pipeline(func),
         )
 
     @functools.cached_property

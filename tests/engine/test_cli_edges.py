@@ -353,3 +353,16 @@ def test_a_problem_whose_grid_cuda_cannot_launch_is_one_line(data_dir):
     proc = ws_tune("space", str(data_dir / "kda_bwd_gla_da.py"), "--shape", shape, "--param", pin)
     assert_one_line_error(proc, "the kernel serves no kernel-parameter point at this problem (e.g. kernel: the grid cannot launch: blockIdx.y extent 1048576 is over CUDA's limit of 65535)")
     assert ws_tune("space", str(data_dir / "kda_bwd_gla_da.py"), "--shape", "B=1,S=1024,H=16", "--param", pin).returncode == 0
+
+
+def test_a_kernel_tilelangs_parser_cannot_build_is_one_line_and_nothing_on_stdout(tmp_path):
+    """T.Pipelined(group=...) of a newer tilelang: 0.1.15's parser logged the kernel's whole
+    generated source (88 lines on stdout) before ws-tune's one line (a helper's port)."""
+    loop = "T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages)"
+    source = (ROOT / "tests" / "data" / "plain_gemm.py").read_text()
+    assert loop in source
+    path = tmp_path / "grouped.py"
+    path.write_text(source.replace(loop, loop[:-1] + ", group=[1])"))
+    proc = ws_tune("space", str(path), "--shape", "M=256,N=256,K=256")
+    assert_one_line_error(proc, "grouped.kernel(block_K=64, block_M=128, block_N=128) failed: Pipelined() got an unexpected keyword argument 'group'")
+    assert proc.stdout == ""

@@ -1573,3 +1573,16 @@ def test_stages_the_dependences_pin_to_one_choice_are_said_to_be_kept(data_dir):
     note = "Load's stages in loop_0: one choice keeps the seed's dependences (order: in Load's body of loop_0, 'actual_k_0' and "
     assert any(n.startswith(note) and "share scalar actual_k at different stages" in n for n in windowed.limits()), windowed.limits()
     assert not any("one choice keeps" in n for n in plain.limits())
+
+
+def test_a_kernels_own_pipeline_plan_is_said_to_be_followed_by_no_ws_only(data_dir):
+    """GQA forward whose T.Pipelined loop carries its author's order and stages: the seed and
+    its variants stage the loop by roles, and only tilelang's no_ws lowering follows the plan,
+    which nothing said (a helper's port)."""
+    planned = task_of(data_dir / "gqa_fwd_pipelined.py", "batch=1,heads=32,seq_len=1024,groups=8").space()
+    plain = task_of(data_dir / "gqa_fwd.py", "batch=1,heads=32,seq_len=1024,groups=8").space()
+    for space in (planned, plain):
+        space.shape(next(iter(space.param_points())))
+    note = "software pipeline: the kernel's own order and stages of a T.Pipelined loop are followed by tilelang's no_ws lowering only"
+    assert any(n.startswith(note) for n in planned.limits()), planned.limits()
+    assert not any(n.startswith("software pipeline") for n in plain.limits())
