@@ -67,6 +67,18 @@ PROBLEMS = {
     "gqa_fwd_pipelined.py": {"batch": 1, "heads": 32, "seq_len": 4096, "groups": 8},
     "gqa_bwd_varlen.py": {"batch": 4, "heads": 32, "seq_len": 1024, "causal": 1},
     "kda_bwd_dv.py": {"B": 1, "S": 8192, "H": 16},
+    # kernels of a chunked recurrence or a convolution launch B * H (or N * H * W) blocks along
+    # y: 1024 of each is over CUDA's 65535, so every point is refused (compiler.grid_reason)
+    "conv2d.py": {"N": 32, "C": 128, "H": 32, "W": 32, "F": 256},
+    "gdn_chunk_o_bwd.py": {"B": 1, "S": 4096, "H": 8},
+    "gdn_delta_bwd.py": {"B": 1, "S": 4096, "H": 8},
+    "gdn_state.py": {"B": 8, "S": 4096, "H": 16},
+    "kda_bwd_dqkwg.py": {"B": 1, "S": 4096, "H": 64},
+    "kda_chunk_o.py": {"B": 1, "S": 4096, "H": 64},
+    "kda_delta_bwd.py": {"B": 1, "S": 4096, "H": 64},
+    "kda_state.py": {"B": 1, "S": 4096, "H": 64},
+    "linear_attn.py": {"B": 8, "S": 4096, "H": 16},
+    "retention_fwd.py": {"B": 8, "S": 4096, "H": 32},
     "kda_intra_token.py": {"B": 1, "S": 2048, "H": 16},
     # B * H blocks in the grid's y: 1024 of each is over CUDA's 65535
     "kda_bwd_gla_da.py": {"B": 1, "S": 8192, "H": 16},
