@@ -183,6 +183,10 @@ CASES = {
     # gpt-oss's GQA with sinks over packed sequences (a scalar max_seqlen_q argument, a sliding window).
     "kda_intra_token": (DATA / "kda_intra_token.py", "B=1,S=2048,H=16", {}),
     "kda_bwd_gla_da": (DATA / "kda_bwd_gla_da.py", "B=1,S=2048,H=16", {}),
+    # GQA forward with its author's own T.Pipelined order/stage plan (only no_ws follows it), and
+    # GQA backward over packed sequences (dQ, dK, dV reduced into by TMA atomics).
+    "gqa_fwd_pipelined": (DATA / "gqa_fwd_pipelined.py", "batch=1,heads=32,seq_len=4096,groups=8", {}),
+    "gqa_bwd_varlen": (DATA / "gqa_bwd_varlen.py", "batch=4,heads=32,seq_len=1024,causal=1", {}),
     "sink_gqa_varlen": (DATA / "sink_gqa_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
 }
 
