@@ -290,7 +290,8 @@ def _nothing_to_search(task: Any) -> str:
     if all(isinstance(sp.shape(p), str) for p in served):  # no seed anywhere: the kernel's own lowerings only
         reasons = Counter(sp.shape(p) for p in served).most_common()
         others = f"; {len(served) - reasons[0][1]} of the {len(served)} points for other reasons" if len(reasons) > 1 else ""
-        vendors = " and the vendors' (" + ", ".join(task.spec.vendor_names(task.problem)) + ")" if task.spec.vendor_names(task.problem) else ""
+        names = task.spec.vendor_names(task.problem)
+        vendors = f" and the vendors' ({', '.join(names)})" if names else ""
         return f"no schedule space ({reasons[0][0]}{others}): measuring tilelang's own lowerings{vendors} only"
     # why the served, seeded points' variants went, not why other points are refused, have no seed or stand for another
     count = sp.count(at=[p for p in served if not isinstance(sp.shape(p), str)])
