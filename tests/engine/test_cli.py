@@ -223,6 +223,7 @@ def test_compile_only_tuning_stores_and_reuses(tmp_path, example_path):
     first = tuning(2)
     assert first.returncode == 0, first.stderr
     assert "compile-only" in first.stdout and "built" in first.stdout
+    assert "search draws pruned (static rules, not built)" in first.stdout  # beside the built, not counted among them
     # what the space keeps as in the seed: one line of topics (`ws-tune space` gives each in full)
     kept = [line for line in first.stderr.splitlines() if line.startswith("kept as in the seed: ")]
     assert len(kept) == 1 and kept[0].endswith("; consumers (`ws-tune space` says why)"), first.stderr

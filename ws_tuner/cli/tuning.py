@@ -109,7 +109,7 @@ def _print_report(report: Any, task: Any) -> None:
     for status, n in sorted(counts.items()):
         table.add_row(status, str(n))
     if report.pruned:
-        table.add_row("pruned (static rules)", str(report.pruned))
+        table.add_row("search draws pruned (static rules, not built)", str(report.pruned))  # not among the caption's candidates
     if report.wrong_fraction is not None:  # schedules the correctness gate caught: the space should not make them
         table.add_row("WRONG (of the searched)", f"{report.wrong_fraction:.1%}")
     cached = sum(r.cached for r in report.records)
