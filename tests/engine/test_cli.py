@@ -149,6 +149,9 @@ def test_compile_only_says_which_points_it_built_and_what_is_one_kernel(tmp_path
     assert tuned.returncode == 0, tuned.stderr
     assert re.search(r"built\s+│\s+3\s", tuned.stdout), tuned.stdout
     assert "(0 reused from the store, 2 sharing another's generated code)" in tuned.stdout
+    # and which (a helper could not tell)
+    one = [line for line in tuned.stdout.splitlines() if line.startswith("one kernel: ")]
+    assert len(one) == 1 and all(f"[{kind}] blk_m=1" in one[0] for kind in ("default", "no_ws", "role_based")) and one[0].count(" = ") == 2, tuned.stdout
     assert "the baselines were built at 1 of 12 kernel-parameter points (blk_m=1, threads=128)" in tuned.stdout
 
 

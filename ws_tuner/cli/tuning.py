@@ -117,6 +117,8 @@ def _print_report(report: Any, task: Any) -> None:
     table.caption = (f"{len(report.records)} candidates in {report.wall_seconds:.1f} s ({cached} reused from the store, "
                      f"{same} sharing another's generated code)")  # fmt: skip
     out.print(table)
+    for line in same_code_lines(report.records, task.describe):
+        out.print(line)
     for line in failure_lines([(r.result.status.value, r.result.message, task.describe(r.candidate), r.candidate.lowering.value) for r in report.records]):
         out.print(line)
     if report.out_of_time:
@@ -145,6 +147,18 @@ def _print_report(report: Any, task: Any) -> None:
         source = task.source(best.candidate)
         if source is not None:
             out.print(source)
+
+
+def same_code_lines(records: list[Any], describe: Callable[[Any], str], most: int = 3) -> list[str]:
+    """Which candidates compiled to one kernel (the caption only counts them): a line per
+    group, the largest ``most`` groups, so that a user knows whose results are one."""
+    groups: dict[str, list[Any]] = {}
+    for r in records:
+        if code := r.result.info.get("code_hash"):
+            groups.setdefault(code, []).append(r.candidate)
+    shared = sorted((g for g in groups.values() if len(g) > 1), key=len, reverse=True)
+    lines = [f"one kernel: {' = '.join(map(describe, g))}" for g in shared[:most]]
+    return lines + [f"(and {len(shared) - most} more such groups)"] * (len(shared) > most)
 
 
 def _gbps(task: Any) -> Callable[[float], float | None] | None:
