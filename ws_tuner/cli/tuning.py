@@ -248,13 +248,14 @@ def space(
     axes = Table(title=f"schedule space of {task.spec.name} at {json.dumps(task.problem)}{seen}")
     axes.add_column("axis", overflow="fold")  # a stage axis names every pipeline of its role: cut, it names none
     axes.add_column("values")
-    for name, values in sp.axes(sp.param_sample(sample or None)).items():
+    counted = sp.param_sample(sample or None)  # the points count() drew: the same seed, the same draw
+    for name, values in sp.axes(counted).items():
         shown = ", ".join(map(str, values[:AXIS_VALUES_SHOWN]))
         axes.add_row(name, shown if len(values) <= AXIS_VALUES_SHOWN else f"{shown}, ... ({len(values)} in all)")
     out.print(axes)
     # what the axes vary: at the first point counted, in grid order, or the point that builds its kernels
     order = {p: i for i, p in enumerate(sp.param_points())}
-    seeded = next((sp.representative(p) for p in sorted(sp.param_sample(sample or None), key=order.get) if not isinstance(sp.shape(p), str)), None)
+    seeded = next((sp.representative(p) for p in sorted(counted, key=order.get) if not isinstance(sp.shape(p), str)), None)
     if seeded is not None:
         at = ", ".join(f"{k}={v}" for k, v in seeded)
         out.print(f"seed schedule at {at}: {sp.shape(seeded).seed.summary()} (role:warps lo-hi, hi excluded, @setmaxnreg, 0 none; pipeline x depth)", markup=False, highlight=False)
