@@ -152,8 +152,12 @@ class SpaceCount:
     params_counted: int = 0  # kernel-parameter points counted ...
     params_total: int = 0  # ... of the grid's (fewer: an estimate, scaled to the grid)
     stages_sampled: int = 0  # plans whose stage choices were counted at a sample, scaled
-    kept_by_point: list[float] = field(default_factory=list)  # kept at each counted point (0: pruned, or another's)
-    kept_margin: int = 0  # half-width of the 95% interval of a scaled ``kept`` over which points were drawn
+    # A sample draws whole groups of points that differ only in parameters a schedule sets
+    # (ScheduleSpace.param_groups): a group holds the points that build its kernels.
+    kept_by_group: list[float] = field(default_factory=list)  # kept in each counted group (0: all pruned)
+    groups_total: int = 0  # the grid's groups (as many as its points where no parameter is set by a schedule)
+    grouped_by: tuple[str, ...] = ()  # the parameters a group's points differ in
+    kept_margin: int = 0  # half-width of the 95% interval of a scaled ``kept`` over which groups were drawn
     # Points whose candidates another point builds (ScheduleSpace.representative): counted
     # there, in neither total nor pruned, so that "before pruning" counts distinct kernels.
     same_points: float = 0
@@ -183,17 +187,18 @@ class SpaceCount:
         f = N / n if n else 1
         pruned = Counter({kind: round(k * f) for kind, k in self.pruned.items()})
         margin = 0.0
-        if 1 < n < N and len(self.kept_by_point) == n:  # the standard error of a sample's total, drawn without replacement
-            margin = 1.96 * N * math.sqrt(statistics.variance(self.kept_by_point) / n * (1 - n / N))
+        g, G = len(self.kept_by_group), self.groups_total  # groups are of one size: g / G is n / N
+        if 1 < g < G:  # the standard error of a sample's total, drawn without replacement
+            margin = 1.96 * G * math.sqrt(statistics.variance(self.kept_by_group) / g * (1 - g / G))
         return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, n, N, self.stages_sampled,
-                          list(self.kept_by_point), round(margin), round(self.same_points * f), self.seeded_points,
+                          list(self.kept_by_group), G, self.grouped_by, round(margin), round(self.same_points * f), self.seeded_points,
                           Counter({kind: round(k * f) for kind, k in self.points_pruned.items()}))  # fmt: skip
 
     @property
-    def points_with_candidates(self) -> int:
-        """Counted kernel-parameter points that keep any candidate: an estimate that rests on
-        few of them (most points building another's kernels) is rough, whatever its interval."""
-        return sum(1 for k in self.kept_by_point if k)
+    def groups_with_candidates(self) -> int:
+        """Counted groups that keep any candidate: an estimate that rests on few of them
+        (most pruned) is rough, whatever its interval."""
+        return sum(1 for k in self.kept_by_group if k)
 
 
 class SeedShape:

@@ -57,6 +57,9 @@ MAX_VARIED_DEPTHS = 6
 # has 54,860 per plan, each a deadlock check of ~2 ms, and counting its space took over an
 # hour. A count walks this many of them, drawn at random, where a plan has more.
 STAGE_SAMPLE = 256
+# Points probed, in a random order, for one with a seed, which says what groups a sampled
+# count draws (ScheduleSpace.param_groups); where none has one, points are drawn alone.
+GROUP_PROBES = 8
 
 
 def _one_depth(plan: Plan) -> bool:
@@ -109,9 +112,41 @@ class ScheduleSpace:
             yield tuple(zip(keys, values))
 
     def param_sample(self, n: int | None, seed: int = 0) -> list[ParamsKey]:
-        """``n`` kernel-parameter points drawn at random (all of them if ``n`` is None or more)."""
+        """About ``n`` kernel-parameter points drawn at random, in whole groups
+        (``param_groups``); all of them if ``n`` is None or more."""
+        return [params for group in self._drawn_groups(n, seed)[0] for params in group]
+
+    def param_groups(self, seed: int = 0) -> tuple[list[list[ParamsKey]], tuple[str, ...]]:
+        """The grid's points in groups that differ only in the parameters a schedule sets
+        instead (``set_by_schedule``: a block's threads, a loop's num_stages), and those
+        parameters. A group's points build one another's warp-specialized kernels
+        (``representative``), so a sample of whole groups counts each kernel where it is
+        built: one of single points mostly draws points that build none and misses the few
+        that build them all. The parameters are read at the first point, in a random order,
+        that has a seed; groups are of one size (the product of those parameters' values)."""
         grid = list(self.param_points())
-        return random.Random(seed).sample(grid, n) if n is not None and n < len(grid) else grid
+        keys: frozenset[str] = frozenset()
+        for params in random.Random(seed).sample(grid, min(len(grid), GROUP_PROBES)):
+            try:
+                if not isinstance(self.shape(params), str):
+                    keys = self.set_by_schedule(params)
+                    break
+            except Exception:  # noqa: BLE001 - a point whose kernel does not build says nothing here
+                continue
+        groups: dict[ParamsKey, list[ParamsKey]] = {}
+        for params in grid:
+            groups.setdefault(tuple(kv for kv in params if kv[0] not in keys), []).append(params)
+        return list(groups.values()), tuple(sorted(keys))
+
+    def _drawn_groups(self, n: int | None, seed: int) -> tuple[list[list[ParamsKey]], int, tuple[str, ...]]:
+        """The groups a sample of about ``n`` points draws (every point alone where ``n`` is
+        None or more), how many the grid has, and the parameters a group spans."""
+        grid = list(self.param_points())
+        if n is None or n >= len(grid):
+            return [[params] for params in grid], len(grid), ()
+        groups, keys = self.param_groups(seed)
+        drawn = random.Random(seed).sample(groups, max(1, min(len(groups), round(n / len(groups[0])))))
+        return drawn, len(groups), keys
 
     def shape(self, params: ParamsKey) -> SeedShape | str:
         """The seed at a kernel-parameter point, or why that point is out."""
@@ -186,14 +221,17 @@ class ScheduleSpace:
               at: Sequence[ParamsKey] | None = None) -> SpaceCount:
         """Sizes before and after pruning; register budgets are counted, not enumerated.
         ``tick(total, kept)`` hears the running counts (a count can take a minute).
-        ``sample``: count only that many kernel-parameter points, drawn at random, and
-        scale to the whole grid (an estimate, ``estimated``): deriving the seed of every
-        point of a large grid takes minutes (each is a tilelang PrimFunc). ``stages``:
+        ``sample``: count only about that many kernel-parameter points, drawn at random in
+        whole groups (``param_groups``), and scale to the whole grid (an estimate,
+        ``estimated``): deriving the seed of every point of a large grid takes minutes
+        (each is a tilelang PrimFunc). ``stages``:
         where a structure has more stage choices than that, count a random sample of
         them and scale (None: every one). ``at``: count these points only, as if the grid
         held no others."""
-        chosen = self.param_sample(sample, seed) if at is None else list(at)
-        count = SpaceCount(params_counted=len(chosen), params_total=len(chosen) if at is not None else sum(1 for _ in self.param_points()))
+        drawn, groups, grouped_by = self._drawn_groups(sample, seed) if at is None else ([[params] for params in at], len(at), ())
+        chosen = [params for group in drawn for params in group]
+        count = SpaceCount(params_counted=len(chosen), params_total=len(chosen) if at is not None else sum(1 for _ in self.param_points()),
+                           groups_total=groups, grouped_by=grouped_by)  # fmt: skip
         rng = random.Random(seed)
         by_point: Counter = Counter()
         for params, *_, survivors, weight in self._structures(count, chosen, stages, rng):
@@ -201,7 +239,7 @@ class ScheduleSpace:
             by_point[params] += len(survivors) * weight
             if tick is not None:
                 tick(round(count.total), round(count.kept))
-        count.kept_by_point = [by_point[p] for p in chosen]
+        count.kept_by_group = [sum(by_point[p] for p in group) for group in drawn]
         return count.scaled()
 
     def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey], stage_sample: int | None = None, rng: random.Random | None = None) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]], float]]:

@@ -78,17 +78,17 @@ def test_space_prints_axes_and_counts(example_path):
     # the seed the axes vary, spelled as a candidate's label spells it (a helper found it nowhere)
     seed = re.search(r"^seed schedule at (.*?): (\S+) \| (\S+) \(role:warps", proc.stdout, re.M)
     assert seed and "mma=sync" in seed.group(1) and "Producer:" in seed.group(2) and "Consumer:" in seed.group(2), proc.stdout
-    before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after \(", proc.stdout).groups())
+    before, after = (int(n.replace(",", "")) for n in re.search(r"candidates: ([\d,]+) before pruning, ([\d,]+) after \(", proc.stdout).groups())
     assert before > after > 10_000
     # The default counts a sample of the 128 kernel-parameter points and says it is an estimate.
     sampled = ws_tune("space", str(example_path), "--shape", SHAPE, "--param", pins, "--sample", "16")
     assert sampled.returncode == 0, sampled.stderr
-    found = re.search(r"candidates: ~(\d+) before pruning, ~(\d+) after \((.*?)\), estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split()))
-    est_before, est_after = map(int, found.group(1, 2))
+    found = re.search(r"candidates: ~([\d,]+) before pruning, ~([\d,]+) after \((.*?)\), estimated at 16 of the 128 kernel-parameter points", " ".join(sampled.stdout.split()))
+    est_before, est_after = (int(n.replace(",", "")) for n in found.group(1, 2))
     assert 0 < est_after <= est_before and before / 4 <= est_before <= 4 * before
     # with how far to trust it: an interval that holds what was counted, or a word that it is rough
-    interval = re.fullmatch(r"95% interval (\d+)-(\d+)", found.group(3))
-    assert (interval and int(interval.group(1)) <= est_after <= int(interval.group(2))) or found.group(3).startswith("rough: "), found.group(3)
+    interval = re.fullmatch(r"95% interval ([\d,]+)-([\d,]+)", found.group(3))
+    assert (interval and int(interval.group(1).replace(",", "")) <= est_after <= int(interval.group(2).replace(",", ""))) or found.group(3).startswith("rough: "), found.group(3)
 
 
 def test_space_of_a_seed_it_cannot_vary_says_why(data_dir):

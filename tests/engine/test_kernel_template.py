@@ -46,7 +46,7 @@ def test_new_refuses_to_overwrite_or_a_name_that_is_no_module(template: Path, tm
 def test_the_template_yields_a_schedule_space(template: Path):
     proc = ws_tune("space", str(template), "--shape", SMALL)
     assert proc.returncode == 0, proc.stderr
-    before, after = map(int, re.search(r"candidates: (\d+) before pruning, (\d+) after", proc.stdout).groups())
+    before, after = (int(n.replace(",", "")) for n in re.search(r"candidates: ([\d,]+) before pruning, ([\d,]+) after", proc.stdout).groups())
     assert before > after > 0
 
 

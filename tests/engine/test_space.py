@@ -136,7 +136,7 @@ def test_a_sampled_count_is_an_estimate_scaled_to_the_grid(space, count):
     assert (again.total, again.kept) == (part.total, part.kept)  # the same draw for the same seed
     # An estimate has an interval (its coverage: the next test); the exact count has none.
     assert 0 < part.kept_margin < part.kept and count.kept_margin == 0
-    assert len(part.kept_by_point) == grid // 3 and sum(part.kept_by_point) <= count.kept
+    assert len(part.kept_by_group) == grid // 3 and sum(part.kept_by_group) <= count.kept  # no parameter is set by a schedule: points drawn alone
 
 
 def test_a_sampled_counts_interval_holds_the_truth_nineteen_times_in_twenty():
@@ -151,9 +151,33 @@ def test_a_sampled_counts_interval_holds_the_truth_nineteen_times_in_twenty():
     truth, covered, draws = sum(population), 0, 400
     for _ in range(draws):
         drawn = rng.sample(population, 48)
-        count = SpaceCount(kept=sum(drawn), params_counted=48, params_total=len(population), kept_by_point=drawn).scaled()
+        count = SpaceCount(kept=sum(drawn), params_counted=48, params_total=len(population), kept_by_group=drawn, groups_total=len(population)).scaled()
         covered += count.kept - count.kept_margin <= truth <= count.kept + count.kept_margin
     assert 0.9 <= covered / draws <= 0.99
+
+
+def test_a_sampled_count_draws_whole_groups_of_points_that_build_one_anothers_kernels(data_dir):
+    """KDA's dA backward builds its warp-specialized kernels at 6 of its 60 points: other
+    values of threads and num_stages build the same programs, which a schedule sets. A
+    sample of 12 single points mostly drew none of the six and said ~0 kept, against 4,250.
+    A sample now draws whole groups of points that differ only in those parameters, each
+    holding the points that build its kernels."""
+    space = task_of(data_dir / "kda_bwd_gla_da.py", "B=1,S=2048,H=16").space()
+    exact = space.count(stages=None)
+    groups, keys = space.param_groups()
+    assert keys == ("num_stages", "threads") and len(groups) == 3 and {len(g) for g in groups} == {20}
+    assert all(len({tuple(kv for kv in p if kv[0] not in keys) for p in g}) == 1 for g in groups)
+    estimates: dict[frozenset, int] = {}
+    for seed in range(40):
+        part = space.count(sample=20, seed=seed, stages=None)
+        assert (part.params_counted, part.grouped_by, len(part.kept_by_group), part.estimated) == (20, keys, 1, True)
+        estimates[frozenset(space.param_sample(20, seed))] = part.kept
+        if len(estimates) == len(groups):
+            break
+    assert len(estimates) == len(groups) and all(estimates.values()), estimates  # every group builds kernels of its own
+    # unbiased: the estimates of the three draws there are average to the exact count
+    assert abs(sum(estimates.values()) / len(groups) - exact.kept) <= 1, (estimates, exact.kept)
+    assert space.count(sample=60, stages=None).kept == exact.kept  # a sample of the whole grid is the exact count
 
 
 def test_a_count_of_many_stage_choices_samples_them(seeds):

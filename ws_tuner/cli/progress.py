@@ -108,6 +108,6 @@ def counting(console: Console, what: str, interval: float = LOG_INTERVAL) -> Ite
             now = time.monotonic()
             if not live and now - last[0] >= interval:
                 last[0] = now
-                console.print(f"{what}: {seen:,} seen, {kept:,} kept", markup=False, highlight=False)
+                console.print(f"{what}: {seen:,} seen, {kept:,} kept so far", markup=False, highlight=False)  # not the result
 
         yield tick

@@ -74,6 +74,8 @@ def tune(
         err.print(_nothing_to_search(task) + (f"; --budget {budget} is not used" if budget else ""))
         budget = 0  # nothing to search: the strategy's draws would all be pruned (and counted as such)
     store = open_store(db)  # a database error is the one line, before any note
+    # what runs, first: the notes and progress lines below name no kernel, and a log may hold several tunings
+    err.print(f"tuning {task.spec.name} at {json.dumps(task.problem)}: a search budget of {budget} ({strategy})", markup=False, highlight=False)
     _print_limits(sp, brief=True)
     if not compile_only and not gpu_available():
         err.print("no NVIDIA GPU found: compile-only (schedules are verified and compiled, not timed)")
@@ -210,14 +212,15 @@ def _relative(best: Any, other: Any) -> float | None:
 # --- space ------------------------------------------------------------------
 def _kept_interval(count: SpaceCount) -> str:
     """How far a sampled count of the kept candidates can be trusted: its 95% interval, or,
-    where it rests on a few points (most of the grid pruned or building others' kernels), that it is rough."""
+    where it rests on a few groups of points (most of the grid pruned), that it is rough."""
     if count.params_counted >= count.params_total:
         return ""
-    few = count.points_with_candidates
-    if few < min(5, count.params_counted):
-        return f" (rough: {few} of the {count.params_counted} points counted keep any, the rest are pruned or build another's kernels)"
-    low = max(count.kept - count.kept_margin, round(sum(count.kept_by_point)))  # those counted exist
-    return f" (95% interval {low}-{count.kept + count.kept_margin})"
+    groups, few = len(count.kept_by_group), count.groups_with_candidates
+    if few < 5:  # an interval from fewer is no interval
+        unit = ("group" if count.grouped_by else "point") + "s" * (groups != 1) + " of points" * bool(count.grouped_by)
+        return f" (rough: {groups} {unit} drawn, {few} of which keep any candidate)"
+    low = max(count.kept - count.kept_margin, round(sum(count.kept_by_group)))  # those counted exist
+    return f" (95% interval {low:,}-{count.kept + count.kept_margin:,})"
 
 
 # Kernel-parameter points counted by default: the seed of each is a tilelang PrimFunc,
@@ -270,12 +273,13 @@ def space(
     if not count.seeded_points:  # why: the lines below
         out.print(f"candidates: none at the {count.params_counted} kernel-parameter point{'s' * (count.params_counted != 1)} counted")
     elif count.estimated:
-        basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points"] * (count.params_counted < count.params_total)
+        grouped = f" ({len(count.kept_by_group)} of {count.groups_total} groups, each every value of {' and '.join(count.grouped_by)})" if count.grouped_by else ""
+        basis = [f"{count.params_counted} of the {count.params_total} kernel-parameter points{grouped}"] * (count.params_counted < count.params_total)
         basis += [f"{STAGE_SAMPLE} random stage choices of each of {count.stages_sampled} plans with more"] * bool(count.stages_sampled)
-        out.print(f"candidates: ~{count.total} before pruning, ~{count.kept} after{_kept_interval(count)}, estimated at {' and '.join(basis)} "
+        out.print(f"candidates: ~{count.total:,} before pruning, ~{count.kept:,} after{_kept_interval(count)}, estimated at {' and '.join(basis)} "
                   f"({elapsed:.2f} s; --sample 0 counts every point)")  # fmt: skip
     else:
-        out.print(f"candidates: {count.total} before pruning, {count.kept} after ({elapsed:.2f} s)")
+        out.print(f"candidates: {count.total:,} before pruning, {count.kept:,} after ({elapsed:.2f} s)")
     approx = "~" * (count.params_counted < count.params_total)  # points scaled from a sample
     for kind, n in count.points_pruned.most_common():
         out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points have no candidates ({count.examples[kind]})")
