@@ -75,6 +75,11 @@ class CompilerError(Exception):
     """A kernel or schedule the compiler refused; the message is one line."""
 
 
+# role_based seeds no kernel that leaves MMAs in flight; a seed written for it is varied
+IN_FLIGHT_NEEDS_SEED = ("a kernel that leaves MMAs in flight (T.wgmma_gemm, T.wait_wgmma) needs a seed schedule of its own, "
+                        "T.annotate_ws_schedule (examples/attention.py and examples/gemm.py, mma=async)")
+
+
 class NoSeed(CompilerError):
     """A plain kernel that tilelang's role_based scheduler does not specialize: no
     seed schedule, so nothing to vary (tilelang's own lowerings may still build it)."""
@@ -623,6 +628,8 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
             prepared, seed = narrow
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
+        if skipped and "asynchronously" in skipped[0]:  # its words are wg_wait's, which T.wgmma_gemm does not take
+            why += f"; {IN_FLIGHT_NEEDS_SEED}"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     try:  # role_based may schedule what MaterializeWSSchedule refuses: then every candidate is refused
         verify(prepared)

@@ -106,8 +106,9 @@ class Seed:
         out = {}
         if not any(a.issues_async for a in ops):
             out["overlap"] = ("MMA overlap: the kernel's MMAs wait for themselves (T.gemm is a wgmma and its wait, or an mma.sync), so no schedule "
-                              "overlaps one with the next; a kernel that issues T.wgmma_gemm and T.wait_wgmma itself has their "
-                              "stages varied (examples/attention.py and examples/gemm.py, mma=async)")  # fmt: skip
+                              "overlaps one with the next; a kernel that issues T.wgmma_gemm and T.wait_wgmma itself, with a seed "
+                              "schedule of its own (T.annotate_ws_schedule), has their stages varied (examples/attention.py and "
+                              "examples/gemm.py, mma=async)")  # fmt: skip
         if len([r for r in self.role_names if any(self.access(op).mmas for op in self._ops_of(r))]) == 1:
             out["consumers"] = ("consumers: one role runs the MMAs (its warps vary, cooperatively); ping-pong consumers need tiles "
                                 "and pipelines of their own in the kernel (examples/attention.py and examples/gemm.py, consumers=pingpong)")  # fmt: skip
