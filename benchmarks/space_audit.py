@@ -84,6 +84,7 @@ PROBLEMS = {
     "kda_bwd_gla_da.py": {"B": 1, "S": 8192, "H": 16},
     "kda_decode.py": {"batch": 64, "num_slots": 48},
     "sink_gqa_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
+    "sink_gqa_bwd_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
 }
 
 

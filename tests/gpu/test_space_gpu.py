@@ -188,6 +188,10 @@ CASES = {
     "gqa_fwd_pipelined": (DATA / "gqa_fwd_pipelined.py", "batch=1,heads=32,seq_len=4096,groups=8", {}),
     "gqa_bwd_varlen": (DATA / "gqa_bwd_varlen.py", "batch=4,heads=32,seq_len=1024,causal=1", {}),
     "sink_gqa_varlen": (DATA / "sink_gqa_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
+    # Stop 49: its backward (dQ in a head-major layout, dK/dV added from shared memory), and FlashAttention's
+    # wgmma backward (MMAs left in flight; its mma=sync twin has the seed).
+    "sink_gqa_bwd_varlen": (DATA / "sink_gqa_bwd_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
+    "mha_bwd_wgmma": (DATA / "mha_bwd_wgmma.py", "batch=4,heads=16,seq_len=1024,causal=1", {"mma": ("sync",)}),
 }
 
 
