@@ -205,7 +205,9 @@ def order_edge(a: Item, b: Item, da: int, db: int, shift: int) -> int | str:
 def _label(item: Item) -> str:
     if isinstance(item.key, tuple):
         return f"{item.key[0].lower()}({item.key[1]})"
-    return repr(item.key)
+    # an op id (tl_tileop_gemm_3) names no line of the kernel; what it writes and reads does
+    touched = [f"{verb} {', '.join(sorted(r.lstrip('$') for r in names))}" for verb, names in (("writes", item.writes), ("reads", item.reads - item.writes)) if names]
+    return f"{item.key!r} ({'; '.join(touched)})" if touched else repr(item.key)
 
 
 def stable_order(items: list[Item], after: dict[int, set[int]]) -> list[Item] | None:

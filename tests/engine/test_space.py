@@ -1594,8 +1594,9 @@ def test_stages_the_dependences_pin_to_one_choice_are_said_to_be_kept(data_dir):
     for space in (windowed, plain):
         space.count()
     assert "stage.Load.K_shared/V_shared" in plain.axes() and "stage.Load.K_shared/V_shared" not in windowed.axes()
-    note = "Load's stages in loop_0: one choice keeps the seed's dependences (order: in Load's body of loop_0, 'actual_k_0' and "
-    assert any(n.startswith(note) and "share scalar actual_k at different stages" in n for n in windowed.limits()), windowed.limits()
+    # each op by what it writes and reads, which names the kernel's lines (its id alone does not)
+    note = "Load's stages in loop_0: one choice keeps the seed's dependences (order: in Load's body of loop_0, 'actual_k_0' (writes actual_k; reads start) and "
+    assert any(n.startswith(note) and "(writes V_shared; reads actual_k" in n and "share scalar actual_k at different stages" in n for n in windowed.limits()), windowed.limits()
     assert not any("one choice keeps" in n for n in plain.limits())
 
 
