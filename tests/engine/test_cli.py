@@ -178,7 +178,8 @@ def test_failure_lines_give_each_status_its_most_common_message():
     assert failure_lines(failed) == [
         "compile_error: 1 x nvcc: out of memory (e.g. b)",
         # tilelang's own lowering failing is told apart from ws-tune's schedules failing
-        "compile_error in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule): 1 x Downcast from tirx.Sub to ir.IntImm failed. (e.g. [no_ws] h)",
+        "compile_error in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule): 1 x Downcast from tirx.Sub to ir.IntImm failed. "
+        "[seen where tilelang's software pipeliner stages a loop whose bounds are computed at run time: a causal, windowed or variable-length key loop] (e.g. [no_ws] h)",
         "wrong: 2 x max rel err 0.5 (e.g. a); 1 other message(s)",
     ]
 

@@ -160,6 +160,13 @@ def _task(file: Path, shape: Optional[str], param: Optional[str], space: Optiona
 PASSED = (None, "ok", "built")  # statuses that are no failure (None: not measured yet)
 
 
+# tilelang's errors whose words name nothing of the kernel's, and where runs met them
+TILELANG_SEEN = {
+    "Downcast from tirx.Sub to ir.IntImm failed": "seen where tilelang's software pipeliner stages a loop whose bounds are computed "
+                                                   "at run time: a causal, windowed or variable-length key loop",
+}
+
+
 def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list[str]:
     """Why candidates failed, from (status, message, candidate, lowering) of each trial
     (those that passed, or have no outcome yet, are skipped): for each failing status its
@@ -181,5 +188,6 @@ def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list
         message, n = messages.most_common(1)[0]
         others = f"; {len(messages) - 1} other message(s)" if len(messages) > 1 else ""
         whose = " in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule)" if tilelangs else ""
-        lines.append(f"{status}{whose}: {n} x {message} (e.g. {example[status, tilelangs, message]}){others}")
+        seen_where = next((f" [{where}]" for words, where in TILELANG_SEEN.items() if words in message), "")
+        lines.append(f"{status}{whose}: {n} x {message}{seen_where} (e.g. {example[status, tilelangs, message]}){others}")
     return lines
