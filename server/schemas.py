@@ -195,6 +195,7 @@ class JobTrialPublic(BaseModel):
     message: str | None
     median_ms: float | None
     tflops: float | None
+    gbps: float | None = Field(None, description="GB/s, where the kernel file says what a call moves (bytes_moved); None otherwise")
     timing: TrialTiming | None = Field(None, description="the steady-state timing (None until timed, or compile-only)")
     ratio: float | None = Field(None, description="time / the anchor's time, measured side by side")
     confirmed: bool | None = Field(None, description="re-timed in the final tournament")
@@ -247,6 +248,7 @@ class BestPublic(BaseModel):
     p80_ms: float
     reps: int
     tflops: float | None
+    gbps: float | None = Field(None, description="GB/s, where the kernel file says what a call moves (bytes_moved); None otherwise")
     tilelang: str | None = Field(None, description="The schedule as TileLang code to paste into the kernel")
     updated_at: datetime
 

@@ -470,7 +470,7 @@ def best_json(best: StoredBest) -> bytes:
         workload={f.name: getattr(key, f.name) for f in dataclasses.fields(key)}, candidate_hash=best.candidate_hash,
         candidate={"lowering": best.lowering, "params": json.loads(best.params_json), "schedule": schedule},
         lowering=best.lowering, median_ms=best.median_ms, p20_ms=best.p20_ms, p80_ms=best.p80_ms, reps=best.reps,
-        tflops=best.tflops, tilelang=_tilelang(best.schedule_json) if best.schedule_json is not None else None,
+        tflops=best.tflops, gbps=best.gbps, tilelang=_tilelang(best.schedule_json) if best.schedule_json is not None else None,
         updated_at=best.updated_at,
     )  # fmt: skip
     return BestPublic.__pydantic_serializer__.to_json(public)

@@ -327,7 +327,8 @@ def _anchor(run_input: Any) -> Callable[[list[Any]], Any] | None:
 def _result(task: Any, candidate: Candidate, stats: measure.KernelStats, info: dict[str, Any], **kw: Any) -> TrialResult:
     timing = Timing(stats.median_ms, stats.p20_ms, stats.p80_ms, stats.launches)
     tflops = task.spec.flops(task.problem) / (stats.median_ms * 1e-3) / 1e12
-    return TrialResult(candidate.hash, Status.OK, kw.pop("message", ""), timing=timing, tflops=tflops, info=info, **kw)
+    gbps = task.spec.gbps(task.problem, stats.median_ms)
+    return TrialResult(candidate.hash, Status.OK, kw.pop("message", ""), timing=timing, tflops=tflops, gbps=gbps, info=info, **kw)
 
 
 def poison(out: Any) -> None:

@@ -54,6 +54,7 @@ class TrialResult:
     build_seconds: float | None = None
     timing: Timing | None = None
     tflops: float | None = None
+    gbps: float | None = None  # where the kernel file says what a call moves (bytes_moved)
     info: dict[str, Any] = field(default_factory=dict)  # clocks, power, max error, the anchor, ...
     # time / the anchor's time, measured side by side in one clock state: what ranks
     # results, since it survives a change of clock state (another moment, another GPU).

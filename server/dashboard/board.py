@@ -24,6 +24,7 @@ class Row:
     candidate_hash: str | None = None
     label: str | None = None
     tflops: float | None = None
+    gbps: float | None = None
     median_ms: float | None = None
     ratio: float | None = None
     confirmed: bool = False
@@ -36,6 +37,7 @@ class Point:
     status: str
     candidate_hash: str
     tflops: float | None
+    gbps: float | None
     ratio: float | None
     median_ms: float | None
     best_tflops: float | None  # TFLOP/s of the best trial so far
@@ -74,7 +76,7 @@ def _row(name: str, record: TrialRecord | None) -> Row:
     if record is None:
         return Row(name)
     r = record.result
-    return Row(name, record.candidate.hash, record.candidate.describe(), r.tflops, r.timing.median_ms if r.timing else None,
+    return Row(name, record.candidate.hash, record.candidate.describe(), r.tflops, r.gbps, r.timing.median_ms if r.timing else None,
                r.ratio, r.confirmed)  # fmt: skip
 
 
@@ -85,7 +87,7 @@ def _points(found: list[TrialRecord]) -> list[Point]:
         r = rec.result
         if r.status is Status.OK and r.timing is not None and (best is None or r.rank_key() < best.rank_key()):
             best = r
-        out.append(Point(n, rec.role, r.status.value, rec.candidate.hash, r.tflops, r.ratio,
+        out.append(Point(n, rec.role, r.status.value, rec.candidate.hash, r.tflops, r.gbps, r.ratio,
                          r.timing.median_ms if r.timing else None, best.tflops if best else None))  # fmt: skip
     return out
 

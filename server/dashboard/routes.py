@@ -33,7 +33,8 @@ def _summary(services: Services, workload_id: int, key: WorkloadKey) -> Workload
         id=workload_id, kernel=key.kernel, problem=json.loads(key.problem), device=key.device, arch=key.arch,
         source_hash=key.source_hash, tilelang_version=key.tilelang_version, cuda_version=key.cuda_version,
         driver_version=key.driver_version, trials=sum(services.store.status_counts(workload_id=workload_id).values()),
-        best_tflops=top[0].result.tflops if top else None, best_candidate_hash=top[0].candidate.hash if top else None,
+        best_tflops=top[0].result.tflops if top else None, best_gbps=top[0].result.gbps if top else None,
+        best_candidate_hash=top[0].candidate.hash if top else None,
     )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ class WorkloadSummary(BaseModel):
     driver_version: str
     trials: int = Field(description="Stored trials of every status")
     best_tflops: float | None = Field(None, description="TFLOP/s of the best correct timed trial")
+    best_gbps: float | None = Field(None, description="GB/s of that trial, where the kernel file says what a call moves (bytes_moved)")
     best_candidate_hash: str | None = None
 
 
@@ -36,6 +37,7 @@ class LeaderboardRow(_FromBoard):
     candidate_hash: str | None
     label: str | None
     tflops: float | None
+    gbps: float | None = Field(None, description="GB/s, where the kernel file says what a call moves (bytes_moved)")
     median_ms: float | None
     ratio: float | None = Field(description="time / the anchor's, side by side")
     confirmed: bool = Field(description="re-timed together in the final tournament")
@@ -47,6 +49,7 @@ class TrialPoint(_FromBoard):
     status: str
     candidate_hash: str
     tflops: float | None
+    gbps: float | None = Field(None, description="GB/s, where the kernel file says what a call moves (bytes_moved)")
     ratio: float | None
     median_ms: float | None
     best_tflops: float | None = Field(description="TFLOP/s of the best trial so far")

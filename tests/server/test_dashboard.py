@@ -57,6 +57,7 @@ def test_workload_json_has_the_leaderboard_the_trials_and_the_schedules(tuned, l
         assert summary["id"] == report.workload_id and summary["kernel"] == "gemm" and summary["problem"]["M"] == 4096
         assert summary["trials"] == len(report.records)
         assert summary["best_candidate_hash"] == report.best.candidate.hash and summary["best_tflops"] == report.best.result.tflops
+        assert summary["best_gbps"] is None  # gemm.py does not say what a call moves
 
         w = client.get(f"/workloads/{report.workload_id}").json()
         rows = {r["name"]: r for r in w["leaderboard"]}
@@ -82,6 +83,26 @@ def test_workload_json_has_the_leaderboard_the_trials_and_the_schedules(tuned, l
         missing = client.get("/workloads/999999")
         assert missing.status_code == 404 and missing.json() == {"detail": "workload 999999 not found"}
         assert client.get("/workloads", params={"kernal": "gemm"}).status_code == 422  # a misspelt filter is refused
+
+
+def test_a_kernel_that_says_what_it_moves_shows_gbps(data_dir: Path, tmp_path: Path, open_db: Callable[[str], Store], live_server) -> None:
+    """rmsnorm's ``bytes_moved``: GB/s stored by the tuning, served beside TFLOP/s for the
+    workload's best, its leaderboard and its trials."""
+    from ws_tuner.kernel import load_kernel
+    from ws_tuner.task import Task
+
+    url = f"sqlite:///{tmp_path / 'ws-tune.db'}"
+    spec = load_kernel(data_dir / "rmsnorm.py")
+    task = Task.make(spec, spec.parse_problem("M=1024,N=1024"), spec.parse_params("blk_m=1,blk_k=512,num_stages=1,threads=128"))
+    report = Tuner(task, store=open_db(url), builder=VerifyOnlyBuilder(), runner=DummyRunner(), strategy=search.create("random", seed=1),
+                   options=TuneOptions(budget=2)).run()  # fmt: skip
+    moved = spec.bytes_moved(task.problem)
+    assert report.best.result.gbps == pytest.approx(moved / (report.best.result.timing.median_ms * 1e-3) / 1e9)
+    with live_server(url).client() as client:
+        assert client.get("/workloads").json()["data"][0]["best_gbps"] == pytest.approx(report.best.result.gbps)
+        w = client.get(f"/workloads/{report.workload_id}").json()
+    timed = [r for r in w["leaderboard"] + w["trials"] if r["median_ms"] is not None]
+    assert timed and all(r["gbps"] == pytest.approx(moved / (r["median_ms"] * 1e-3) / 1e9) for r in timed), timed
 
 
 def test_workloads_need_a_token_when_reads_do(tuned, live_server, make_token) -> None:

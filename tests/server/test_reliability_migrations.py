@@ -30,7 +30,7 @@ from ws_tuner.store.models import Base
 
 DATA = Path(__file__).resolve().parent / "data"
 RELEASED = ["v0.1.0.a", "v0.2.0.a"]
-UNRELEASED = ["v0.3.0.a"]  # steps of the coming release, before its head: no database in the field has them
+UNRELEASED = ["v0.3.0.a", "v0.3.0.b"]  # steps of the coming release, before its head: no database in the field has them
 OPTUNA_TABLES = {"studies", "trials", "trial_params", "trial_values", "study_directions", "alembic_version"}
 
 
@@ -89,7 +89,7 @@ def released_database(db_url: str, revision: str) -> None:
 
 def test_every_released_schema_is_known() -> None:
     revisions = [s.revision for s in ScriptDirectory.from_config(schema.alembic_config()).walk_revisions()]
-    assert head_revision() == "v0.3.0.b" and set(RELEASED) | set(UNRELEASED) | {head_revision()} == set(revisions)
+    assert head_revision() == "v0.3.0.c" and set(RELEASED) | set(UNRELEASED) | {head_revision()} == set(revisions)
     assert all((DATA / f"{r}.sqlite.sql").is_file() for r in RELEASED)
 
 
@@ -133,4 +133,29 @@ def test_upgrade_from_released_schema(revision: str, db_url: str, open_db: Calla
     assert current_revision(db_url) == revision and snapshot(db_url, OPTUNA_TABLES) == optuna_after
     assert ("ws_tune_jobs" in snapshot(db_url, {"ws_tune_jobs"})) == (revision >= "v0.2.0.a")
     assert snapshot(db_url, {"ws_tune_trials"})["ws_tune_trials"]
+    assert upgrade(db_url) == head_revision()
+
+
+def test_gbps_revision_keeps_rows_and_the_rank_index_both_ways(db_url: str, open_db: Callable[[str], Store]) -> None:
+    """v0.3.0.c adds ``gbps`` (NULL on the rows before it) and drops it again; on SQLite
+    the drop copies the table, and the rank index (an expression index, which
+    SQLAlchemy cannot reflect to copy) must be there afterwards all the same."""
+    engine = store_engine.make_engine(db_url)
+    schema.migrate(engine, "v0.1.0.a")
+    engine.dispose()
+    seed_v0_1_0(db_url)
+    assert upgrade(db_url) == "v0.3.0.c"
+    stored = open_db(db_url).trials_by_hash(workload_id=1)["c0ffee0000000000cafe"].result
+    assert stored.tflops == 275.0 and stored.gbps is None
+    command.downgrade(schema.alembic_config(db_url), "v0.3.0.b")
+    engine = create_engine(db_url)
+    try:
+        for table in ("ws_tune_trials", "ws_tune_job_trials"):
+            assert "gbps" not in {c["name"] for c in inspect(engine).get_columns(table)}
+        indexes = "sqlite_master WHERE name" if db_url.startswith("sqlite") else "pg_indexes WHERE schemaname = current_schema() AND indexname"
+        with engine.connect() as c:
+            rank = c.execute(text(f"SELECT 1 FROM {indexes} = 'ix_ws_tune_trials_workload_rank'")).all()
+    finally:
+        engine.dispose()
+    assert rank and snapshot(db_url, {"ws_tune_trials"})["ws_tune_trials"]
     assert upgrade(db_url) == head_revision()

@@ -201,6 +201,7 @@ def test_real_kernel_job_is_served_and_reused_by_the_engine(
         job_hashes = {t["candidate_hash"] for t in trials}
         assert len(job_hashes) == 4 and not job_hashes & cli_hashes  # what the CLI measured is not measured again
         best = client.get("/best", params={"kernel": "gemm", "problem": SHAPE, "device": "Dummy H200 (test double)"}).json()
+    assert best["gbps"] is None and all(t["gbps"] is None for t in trials)  # gemm.py says nothing of the bytes it moves
     stored = store.top_k(workload_id=cli.workload_id, k=100)
     assert len(stored) == 7 and best["candidate_hash"] == stored[0].candidate.hash
     assert best["tilelang"].startswith("T.annotate_ws_schedule(")
@@ -398,3 +399,29 @@ def test_a_job_on_a_kernel_without_a_seed_measures_its_baselines(db_url: str, li
     kinds = sorted(t["kind"] for t in trials)
     assert kinds == ["baseline"] * 7, trials  # default, no_ws and role_based at 96 and 160 threads, and the file's reference
     assert sorted(t["lowering"] for t in trials) == ["default", "default", "no_ws", "no_ws", "reference", "role_based", "role_based"]
+
+
+def test_a_job_on_a_kernel_that_says_what_it_moves_serves_gbps(db_url: str, live_server: Callable, make_token: Callable,
+                                                               worker_thread: Callable) -> None:  # fmt: skip
+    """rmsnorm, uploaded, says what a call moves (``bytes_moved``): the worker stores GB/s beside
+    TFLOP/s, and the server, which never imports the file, serves them on the job's trials and
+    its best. (A kernel that does not say serves None: the gemm job above.)"""
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write", "kernels:upload")
+    worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
+    source = (Path(__file__).resolve().parents[1] / "data" / "rmsnorm.py").read_text()
+    with live.client(token) as client:
+        sha = client.post("/kernels", json={"name": "rmsnorm", "source": source}).json()["sha256"]
+        body = {"kernel": "rmsnorm", "source_sha256": sha, "problem": "M=1024,N=1024", "budget": 2,
+                "params": "blk_m=1,blk_k=512,num_stages=1,threads=128", "strategy": "random", "seed": 1}  # fmt: skip
+        job = client.post("/jobs", json=body).json()
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
+        assert done["state"] == "succeeded", done
+        trials = [t for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"] if t["status"] == "ok"]
+        # The server never parses an upload, so its defaults are not filled in: the problem in full.
+        asked = {"kernel": "rmsnorm", "problem": "M=1024,N=1024,dtype=float16", "device": "Dummy H200 (test double)", "source_hash": sha}
+        best = client.get("/best", params=asked).json()
+    moved = 2.0 * (2 * 1024 * 1024 + 1024)  # the file's bytes_moved: x and y once each, the weight once
+    assert trials and all(t["gbps"] == pytest.approx(moved / (t["median_ms"] * 1e-3) / 1e9) for t in trials), trials
+    assert best["gbps"] == pytest.approx(moved / (best["median_ms"] * 1e-3) / 1e9) and best["tflops"] is not None
+    assert BestPublic.model_validate(best).gbps == best["gbps"]

@@ -56,7 +56,7 @@ def test_submit_run_and_inspect_a_job(db_url: str, live_server: Callable, make_t
         workers = client.get("/workers", params={"alive": True}).json()
         assert workers["count"] == 1 and workers["data"][0]["id"] == worker.worker.id
         ready = client.get("/ready").json()
-        assert ready["status"] == "ready" and ready["schema_revision"] == "v0.3.0.b" and ready["workers_alive"] == 1
+        assert ready["status"] == "ready" and ready["schema_revision"] == "v0.3.0.c" and ready["workers_alive"] == 1
     worker.stop()
 
 

@@ -107,17 +107,18 @@ def test_best_reads_the_rank_index_in_order(store: Store) -> None:
 def test_the_fast_path_gives_the_stored_answer(store: Store, factories: Any) -> None:
     """``best_stored_fast`` reads what ``best_stored`` reads, value for value and type for
     type (SQLite's text times and 0/1 booleans converted as SQLAlchemy converts them), on
-    every kind of row: no ratio, no tflops, no schedule, a re-measured row, another toolchain."""
+    every kind of row: no ratio, no tflops or gbps, no schedule, a re-measured row, another toolchain."""
     key = factories.key()
     wid = store.workload_id(key)
     ws, baseline = factories.candidate(1), factories.candidate(2, Lowering.DEFAULT)
     store.commit_trial(workload_id=wid, candidate=baseline, result=factories.result(baseline, Status.OK, 0.4))
     before = _lookup(store, key)
-    assert before.candidate_hash == baseline.hash and before.schedule_json is None and before.tflops is None
+    assert before.candidate_hash == baseline.hash and before.schedule_json is None and before.tflops is None and before.gbps is None
 
-    store.commit_trial(workload_id=wid, candidate=ws, result=factories.result(ws, Status.OK, 0.5, ratio=0.9, confirmed=True, tflops=321.5))
+    timed = factories.result(ws, Status.OK, 0.5, ratio=0.9, confirmed=True, tflops=321.5, gbps=2048.5)
+    store.commit_trial(workload_id=wid, candidate=ws, result=timed)
     fast = store.best_stored_fast(kernel=key.kernel, source_hash=key.source_hash, problem=key.problem, device=key.device)
-    assert fast == _lookup(store, key) and fast.candidate_hash == ws.hash and fast.tflops == 321.5
+    assert fast == _lookup(store, key) and fast.candidate_hash == ws.hash and (fast.tflops, fast.gbps) == (321.5, 2048.5)
     assert fast.updated_at.tzinfo is not None and fast.updated_at >= before.updated_at
     assert (type(fast.median_ms), type(fast.reps), type(fast.trial_id)) == (float, int, int)
 

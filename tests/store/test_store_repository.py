@@ -21,7 +21,7 @@ def test_commit_and_get_round_trip(store: Store, factories: Any) -> None:
     cand = factories.candidate(1)
     result = TrialResult(
         cand.hash, Status.OK, message="fine", build_seconds=2.5,
-        timing=Timing(0.5, 0.49, 0.52, 100), tflops=812.5, info={"max_err": 1e-3, "clocks": [1980, 1755]},
+        timing=Timing(0.5, 0.49, 0.52, 100), tflops=812.5, gbps=3987.25, info={"max_err": 1e-3, "clocks": [1980, 1755]},
     )
     stored = store.commit_trial(workload_id=wid, candidate=cand, result=result)
     fetched = store.get_trial(workload_id=wid, candidate_hash=cand.hash)

@@ -22,14 +22,14 @@ from ws_tuner.store.models import VERSION_TABLE, Base
 WS_TABLES = {"ws_tune_workloads", "ws_tune_candidates", "ws_tune_trials", VERSION_TABLE,
              # v0.2.0.a: the service
              "ws_tune_kernels", "ws_tune_tokens", "ws_tune_jobs", "ws_tune_job_trials", "ws_tune_workers"}
-HEAD = "v0.3.0.b"
+HEAD = "v0.3.0.c"
 
 NEXT_REVISION = '''
 import sqlalchemy as sa
 from alembic import op
 
 revision = "v9.0.0.test"
-down_revision = "v0.3.0.b"
+down_revision = "v0.3.0.c"
 branch_labels = None
 depends_on = None
 

@@ -165,7 +165,7 @@ class Leases(OnStore):
                 .where(_fence(lease))
                 .values(
                     state=DONE, status=Status(result.status).value, message=(result.message or "")[:4000],
-                    median_ms=timing.median_ms if timing else None, tflops=result.tflops, ratio=result.ratio,
+                    median_ms=timing.median_ms if timing else None, tflops=result.tflops, gbps=result.gbps, ratio=result.ratio,
                     workload_id=workload_id, finished_at=now, heartbeat_at=now,
                     candidate_hash=candidate.hash, candidate=candidate.canonical(),
                 )

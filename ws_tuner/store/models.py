@@ -126,6 +126,8 @@ class TrialModel(Base):
     p80_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     reps: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Where the kernel file says what a call moves (bytes_moved): the server never imports it (v0.3.0.c).
+    gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Time over the anchor's, side by side in one clock state: what ranks results (v0.3.0.a).
     ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
     confirmed: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
@@ -253,6 +255,7 @@ class JobTrialModel(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gbps: Mapped[float | None] = mapped_column(Float, nullable=True)  # as the trial's (v0.3.0.c)
     ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # as the trial's (v0.3.0.a)
     created_at: Mapped[datetime] = _created_at()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

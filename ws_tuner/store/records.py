@@ -51,7 +51,7 @@ def stored_result(candidate_hash: str, trial: Any) -> TrialResult:
         timing = Timing(trial.median_ms, trial.p20_ms or 0.0, trial.p80_ms or 0.0, trial.reps or 0)
     return TrialResult(
         candidate_hash=candidate_hash, status=Status(trial.status), message=trial.message,
-        build_seconds=trial.build_seconds, timing=timing, tflops=trial.tflops, info=json.loads(trial.info),
+        build_seconds=trial.build_seconds, timing=timing, tflops=trial.tflops, gbps=trial.gbps, info=json.loads(trial.info),
         ratio=trial.ratio, confirmed=bool(trial.confirmed),
     )  # fmt: skip
 
@@ -186,6 +186,7 @@ class JobTrialRecord:
     message: str | None
     median_ms: float | None
     tflops: float | None
+    gbps: float | None
     created_at: datetime
     finished_at: datetime | None
 
@@ -194,7 +195,7 @@ def job_trial_record(r: JobTrialModel) -> JobTrialRecord:
     return JobTrialRecord(
         id=r.id, job_id=r.job_id, slot=r.slot, kind=r.kind, state=r.state, attempts=r.attempts,
         epoch=r.epoch, worker_id=r.worker_id, candidate_hash=r.candidate_hash, status=r.status,
-        message=r.message, median_ms=r.median_ms, tflops=r.tflops, created_at=utc(r.created_at),
+        message=r.message, median_ms=r.median_ms, tflops=r.tflops, gbps=r.gbps, created_at=utc(r.created_at),
         finished_at=opt_utc(r.finished_at),
     )  # fmt: skip
 

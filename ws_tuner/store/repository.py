@@ -74,6 +74,7 @@ class StoredBest:
     p80_ms: float
     reps: int
     tflops: float | None
+    gbps: float | None
     candidate_hash: str
     lowering: str
     params_json: str
@@ -110,7 +111,7 @@ def _best_at(asked: dict[str, Any]) -> Select[Any]:
     return (
         select(
             WorkloadModel, _best.id.label("trial_id"), _best.updated_at, _best.median_ms, _best.p20_ms, _best.p80_ms,
-            _best.reps, _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash.label("candidate_hash"),
+            _best.reps, _best.tflops, _best.gbps, _best.confirmed, _best.ratio, _best_candidate.hash.label("candidate_hash"),
             _best_candidate.lowering, _best_candidate.params, _best_candidate.schedule,
         )  # fmt: skip
         .select_from(WorkloadModel)
@@ -128,7 +129,7 @@ _BEST_AT = _best_at({name: bindparam(name) for name in _ASKED_BY})
 _KEY_FIELDS = tuple(f.name for f in dataclasses.fields(WorkloadKey))
 _BEST_COLUMNS = (
     *(getattr(WorkloadModel, name) for name in _KEY_FIELDS), _best.id, _best.updated_at, _best.median_ms, _best.p20_ms,
-    _best.p80_ms, _best.reps, _best.tflops, _best.confirmed, _best.ratio, _best_candidate.hash, _best_candidate.lowering,
+    _best.p80_ms, _best.reps, _best.tflops, _best.gbps, _best.confirmed, _best.ratio, _best_candidate.hash, _best_candidate.lowering,
     _best_candidate.params, _best_candidate.schedule,
 )  # fmt: skip
 _BEST_ROW = _BEST_AT.with_only_columns(*_BEST_COLUMNS)
@@ -173,7 +174,7 @@ def _trial_of_row(row: tuple[Any, ...]) -> StoredTrial:
 
 def _raw_rank(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """_rank on a _BEST_ROW tuple."""
-    trial_id, median_ms, confirmed, ratio = row[_N_KEY], row[_N_KEY + 2], row[_N_KEY + 7], row[_N_KEY + 8]
+    trial_id, median_ms, confirmed, ratio = row[_N_KEY], row[_N_KEY + 2], row[_N_KEY + 8], row[_N_KEY + 9]
     return (not confirmed, ratio is None, ratio or 0.0, median_ms, trial_id)
 
 
@@ -192,9 +193,9 @@ def _stored_best(rows: list[tuple[Any, ...]]) -> StoredBest | None:
         return None
     best = min(rows, key=_raw_rank) if len(rows) > 1 else rows[0]
     key = WorkloadKey(*best[:_N_KEY])
-    trial_id, updated_at, median_ms, p20_ms, p80_ms, reps, tflops, _, _, candidate_hash, lowering, params, schedule = best[_N_KEY:]
+    trial_id, updated_at, median_ms, p20_ms, p80_ms, reps, tflops, gbps, _, _, candidate_hash, lowering, params, schedule = best[_N_KEY:]
     return StoredBest(
-        trial_id, utc(updated_at), median_ms, p20_ms, p80_ms, reps, tflops, candidate_hash, lowering, params, schedule, key
+        trial_id, utc(updated_at), median_ms, p20_ms, p80_ms, reps, tflops, gbps, candidate_hash, lowering, params, schedule, key
     )  # fmt: skip
 
 
@@ -384,7 +385,7 @@ class Store(Database):
             return None
         best = min(rows, key=_rank)
         return StoredBest(
-            best.trial_id, utc(best.updated_at), best.median_ms, best.p20_ms, best.p80_ms, best.reps, best.tflops,
+            best.trial_id, utc(best.updated_at), best.median_ms, best.p20_ms, best.p80_ms, best.reps, best.tflops, best.gbps,
             best.candidate_hash, best.lowering, best.params, best.schedule, workload_key(best),
         )  # fmt: skip
 

@@ -67,10 +67,16 @@ class DummyRunner(Runner):
 
     def submit(self, run_input: RunInput) -> "Future[TrialResult]":
         fut: Future[TrialResult] = Future()
-        fut.set_result(self._run(run_input.candidate, run_input.anchor))
+        fut.set_result(self._run(run_input, run_input.anchor))
         return fut
 
-    def _run(self, candidate: Candidate, anchor: Candidate | None, confirmed: bool = False) -> TrialResult:
+    def gbps(self, run_input: RunInput, ms: float) -> float | None:
+        """GB/s as the GPU runner gives it: where the task's kernel file says what a call moves."""
+        task = run_input.task()
+        return task.spec.gbps(task.problem, ms)
+
+    def _run(self, run_input: RunInput, anchor: Candidate | None, confirmed: bool = False) -> TrialResult:
+        candidate = run_input.candidate
         with self._lock:
             self.calls.append(candidate.hash)
         if self.delay:
@@ -81,12 +87,13 @@ class DummyRunner(Runner):
         ms = self.latency(candidate)
         ratio = ms / self.latency(anchor) if anchor is not None else None
         return TrialResult(candidate.hash, Status.OK, timing=Timing(ms, ms * 0.99, ms * 1.01, 30), tflops=self.flops / (ms * 1e-3) / 1e12,
-                           ratio=ratio, confirmed=confirmed, info={"anchor": anchor.hash} if anchor else {})  # fmt: skip
+                           gbps=self.gbps(run_input, ms), ratio=ratio, confirmed=confirmed,
+                           info={"anchor": anchor.hash} if anchor else {})  # fmt: skip
 
     def tournament(self, run_inputs: list[RunInput]) -> list[TrialResult]:
         with self._lock:
             self.tournaments.append([ri.candidate.hash for ri in run_inputs])
-        return [self._run(ri.candidate, ri.anchor or run_inputs[0].candidate, confirmed=True) for ri in run_inputs]
+        return [self._run(ri, ri.anchor or run_inputs[0].candidate, confirmed=True) for ri in run_inputs]
 
 
 class VerifyOnlyBuilder(Builder):

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..builder import Builder, BuildInput, BuildResult
 from ..candidate import Candidate, Lowering
 from ..result import Status
-from ..runner import EvaluatorConfig, Runner
+from ..runner import EvaluatorConfig, Runner, RunInput
 from ..server.stages import JobEngine, Stages, WorkerOptions
 from ..store.queue import JobRecord
 from ..workload import Environment
@@ -104,6 +104,9 @@ class FastDummyRunner(DummyRunner):
         except metadata.PackageNotFoundError:
             tilelang = "none"
         return Environment("sm_90a", DUMMY_DEVICE, tilelang, "none", "dummy")
+
+    def gbps(self, run_input: RunInput, ms: float) -> float | None:
+        return None  # loading the kernel file would import tilelang; the fake space's points move nothing
 
 
 class TestStages(Stages):

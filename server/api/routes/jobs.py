@@ -71,7 +71,7 @@ def _trial_public(t: JobTrialRecord, stored: StoredTrial | None) -> JobTrialPubl
     return JobTrialPublic(
         id=t.id, slot=t.slot, kind=t.kind, state=t.state, attempts=t.attempts, worker_id=t.worker_id,
         candidate_hash=t.candidate_hash, status=t.status, message=t.message, median_ms=t.median_ms, tflops=t.tflops,
-        created_at=t.created_at, finished_at=t.finished_at, **what,
+        gbps=t.gbps, created_at=t.created_at, finished_at=t.finished_at, **what,
     )  # fmt: skip
 
 

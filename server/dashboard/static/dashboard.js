@@ -25,6 +25,12 @@ function svg(tag, attrs = {}, text = null) {
 }
 
 const fmt = (x, digits = 1) => (x === null || x === undefined ? "-" : Number(x).toFixed(digits));
+// GB/s only where the kernel file says what a call moves: its column shows where any row has a figure.
+const gbpsCells = (table, rows, value) => {
+  const shown = rows.some((r) => value(r) !== null && value(r) !== undefined);
+  $(`${table} th.gbps`).hidden = !shown;
+  return (r) => (shown ? [el("td", { class: "num gbps" }, fmt(value(r)))] : []);
+};
 const problemText = (p) => Object.entries(p).map(([k, v]) => `${k}=${v}`).join(",");
 
 async function api(path) {
@@ -73,10 +79,11 @@ function jobRow(job) {
 async function refreshWorkloads() {
   const workloads = await api("/workloads?limit=100");
   const body = $("#workloads-table tbody");
+  const gbps = gbpsCells("#workloads-table", workloads.data, (w) => w.best_gbps);
   body.replaceChildren(...workloads.data.map((w) => {
     const row = el("tr", { class: "selectable" + (w.id === selected ? " selected" : ""), "data-workload-id": w.id },
       el("td", {}, w.id), el("td", {}, w.kernel), el("td", {}, problemText(w.problem)), el("td", {}, w.device),
-      el("td", { class: "num" }, w.trials), el("td", { class: "num" }, fmt(w.best_tflops)));
+      el("td", { class: "num" }, w.trials), el("td", { class: "num" }, fmt(w.best_tflops)), ...gbps(w));
     row.addEventListener("click", () => { location.hash = `workload=${w.id}`; });
     return row;
   }));
@@ -98,8 +105,9 @@ async function refreshWorkload() {
   document.querySelectorAll("#workloads-table tr[data-workload-id]").forEach((tr) => {
     tr.classList.toggle("selected", Number(tr.dataset.workloadId) === selected);
   });
+  const gbps = gbpsCells("#leaderboard", w.leaderboard, (r) => r.gbps);
   $("#leaderboard tbody").replaceChildren(...w.leaderboard.map((r) => el("tr", { "data-row": r.name },
-    el("td", {}, r.name), el("td", { class: "num" }, fmt(r.tflops)), el("td", { class: "num" }, fmt(r.median_ms, 4)),
+    el("td", {}, r.name), el("td", { class: "num" }, fmt(r.tflops)), ...gbps(r), el("td", { class: "num" }, fmt(r.median_ms, 4)),
     el("td", { class: "num" }, fmt(r.ratio, 3)), el("td", {}, r.candidate_hash ? (r.confirmed ? "yes" : "no") : "-"),
     el("td", { title: r.label || "" }, r.candidate_hash || "-"))));
   plot(w.trials);
@@ -135,7 +143,8 @@ function plot(trials) {
   area.append(svg("path", { class: "best", d: path }));
   for (const t of timed) {
     const dot = svg("circle", { class: "trial", cx: x(t.n).toFixed(1), cy: y(t.tflops).toFixed(1), r: 3.5, "data-n": t.n });
-    dot.append(svg("title", {}, `trial ${t.n} (${t.role}): ${fmt(t.tflops)} TFLOP/s, ratio ${fmt(t.ratio, 3)}, ${t.candidate_hash}`));
+    const gbps = t.gbps === null ? "" : `, ${fmt(t.gbps)} GB/s`;
+    dot.append(svg("title", {}, `trial ${t.n} (${t.role}): ${fmt(t.tflops)} TFLOP/s${gbps}, ratio ${fmt(t.ratio, 3)}, ${t.candidate_hash}`));
     area.append(dot);
   }
 }
