@@ -129,6 +129,7 @@ class Audit:
     total: int = 0  # points before static pruning
     kept: int = 0  # after it
     estimated: bool = False  # the two counted at a sample of the kernel-parameter points, scaled
+    points_counted: int = 0  # of them (a sample draws whole groups: ScheduleSpace.param_groups)
     pruned_by: dict[str, int] = field(default_factory=dict)  # the whole space: rule -> points
     points_pruned_by: dict[str, int] = field(default_factory=dict)  # kernel-parameter points with no candidates: "seed" or "kernel" -> points
     seed_point_is_seed: bool | None = None  # at every kernel-parameter point with a seed (None: no point counted has one)
@@ -159,7 +160,7 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
     space = task.space()
     out = Audit(task.spec.path.name, task.problem)
     count = space.count(sample=points, seed=seed)
-    out.total, out.kept, out.pruned_by, out.estimated = count.total, count.kept, dict(count.pruned), count.estimated
+    out.total, out.kept, out.pruned_by, out.estimated, out.points_counted = count.total, count.kept, dict(count.pruned), count.estimated, count.params_counted
     out.points_pruned_by = dict(count.points_pruned)
     checked = [_seed_point_is_seed(space, params) for params in space.param_sample(points, seed)]
     out.seed_point_is_seed = None if all(c is None for c in checked) else all(c is not False for c in checked)
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         if rows[-1].kept == 0 and set(rows[-1].points_pruned_by) == {"kernel"}:
             print(f"    the kernel's check() refuses every point at {rows[-1].problem}: nothing was audited (--shape gives another problem)", flush=True)
         elif rows[-1].estimated and rows[-1].kept == 0 and rows[-1].survivors:
-            print(f"    rough: the counts are scaled from {args.points} kernel-parameter points, none of which keeps a candidate of its own;"
+            print(f"    rough: the counts are scaled from {rows[-1].points_counted} kernel-parameter points, none of which keeps a candidate of its own;"
                   f" {rows[-1].survivors} survivors were drawn over the whole grid", flush=True)  # fmt: skip
         elif rows[-1].seed_point_is_seed is None:
             print("    no kernel-parameter point counted has a seed schedule: nothing to vary (`ws-tune space` says why)", flush=True)
