@@ -379,6 +379,17 @@ def test_a_token_in_use_is_checked_again_before_it_lapses(db_url: str, tmp_path:
         services.close()
 
 
+def _uploaded_job(client: Any, name: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """tests/data/NAME.py uploaded and a job on it (``body``, less the kernel) run to success:
+    the upload's sha256 and the job's trials."""
+    source = (Path(__file__).resolve().parents[1] / "data" / f"{name}.py").read_text()
+    sha = client.post("/kernels", json={"name": name, "source": source}).json()["sha256"]
+    job = client.post("/jobs", json={"kernel": name, "source_sha256": sha, **body}).json()
+    done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
+    assert done["state"] == "succeeded", done
+    return sha, client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]
+
+
 def test_a_job_on_a_kernel_without_a_seed_measures_its_baselines(db_url: str, live_server: Callable, make_token: Callable,
                                                                 worker_thread: Callable) -> None:  # fmt: skip
     """DeepSeek's mHC pre-mixing, uploaded: its warps split by hand at 96 and 160 threads,
@@ -387,15 +398,9 @@ def test_a_job_on_a_kernel_without_a_seed_measures_its_baselines(db_url: str, li
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write", "kernels:upload")
     worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
-    source = (Path(__file__).resolve().parents[1] / "data" / "mhc_pre.py").read_text()
     with live.client(token) as client:
-        sha = client.post("/kernels", json={"name": "mhc_pre", "source": source}).json()["sha256"]
-        body = {"kernel": "mhc_pre", "source_sha256": sha, "problem": "tokens=1024", "budget": 2,
-                "params": "hidden_block=256,num_stages=1", "strategy": "random", "seed": 1, "baselines": True}  # fmt: skip
-        job = client.post("/jobs", json=body).json()
-        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
-        assert done["state"] == "succeeded", done
-        trials = client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"]
+        _, trials = _uploaded_job(client, "mhc_pre", {"problem": "tokens=1024", "budget": 2, "params": "hidden_block=256,num_stages=1",
+                                                      "strategy": "random", "seed": 1, "baselines": True})  # fmt: skip
     kinds = sorted(t["kind"] for t in trials)
     assert kinds == ["baseline"] * 7, trials  # default, no_ws and role_based at 96 and 160 threads, and the file's reference
     assert sorted(t["lowering"] for t in trials) == ["default", "default", "no_ws", "no_ws", "reference", "role_based", "role_based"]
@@ -409,15 +414,10 @@ def test_a_job_on_a_kernel_that_says_what_it_moves_serves_gbps(db_url: str, live
     live = live_server(db_url)
     token = make_token(db_url, "jobs:write", "kernels:upload")
     worker_thread(db_url, dict(runner="dummy", builder="verify-only", space="kernel"))
-    source = (Path(__file__).resolve().parents[1] / "data" / "rmsnorm.py").read_text()
     with live.client(token) as client:
-        sha = client.post("/kernels", json={"name": "rmsnorm", "source": source}).json()["sha256"]
-        body = {"kernel": "rmsnorm", "source_sha256": sha, "problem": "M=1024,N=1024", "budget": 2,
-                "params": "blk_m=1,blk_k=512,num_stages=1,threads=128", "strategy": "random", "seed": 1}  # fmt: skip
-        job = client.post("/jobs", json=body).json()
-        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120)
-        assert done["state"] == "succeeded", done
-        trials = [t for t in client.get(f"/jobs/{job['id']}/trials", params={"limit": 100}).json()["data"] if t["status"] == "ok"]
+        sha, trials = _uploaded_job(client, "rmsnorm", {"problem": "M=1024,N=1024", "budget": 2, "params": "blk_m=1,blk_k=512,num_stages=1,threads=128",
+                                                        "strategy": "random", "seed": 1})  # fmt: skip
+        trials = [t for t in trials if t["status"] == "ok"]
         # The server never parses an upload, so its defaults are not filled in: the problem in full.
         asked = {"kernel": "rmsnorm", "problem": "M=1024,N=1024,dtype=float16", "device": "Dummy H200 (test double)", "source_hash": sha}
         best = client.get("/best", params=asked).json()
