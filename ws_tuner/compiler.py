@@ -628,7 +628,7 @@ def prepare(func: Any) -> tuple[Any, Schedule]:
             prepared, seed = narrow
     if seed is None:
         why = f"skipped the kernel: {skipped[0]}" if skipped else "found nothing to specialize"
-        if skipped and "asynchronously" in skipped[0]:  # its words are wg_wait's, which T.wgmma_gemm does not take
+        if _leaves_mmas_in_flight(func):  # role_based's words are wg_wait's, which T.wgmma_gemm does not take
             why += f"; {IN_FLIGHT_NEEDS_SEED}"
         raise NoSeed(f"kernel has no WS schedule and tilelang's role_based scheduler {why}")
     try:  # role_based may schedule what MaterializeWSSchedule refuses: then every candidate is refused
@@ -705,6 +705,12 @@ def _role_based(func: Any) -> tuple[Any, list[str]]:
 
 # ``with T.ws(...)`` blocks: a kernel that specializes its own warps and synchronizes them by
 # its own barriers. role_based finds nothing in it to schedule, and its roles are no schedule's.
+def _leaves_mmas_in_flight(func: Any) -> bool:
+    """Whether the kernel issues MMAs that return before they finish, or waits for them itself."""
+    in_flight = (ASYNC_ISSUE_OPS - SYNC_UNLESS_WAIT) | ASYNC_RETIRE_OPS
+    return bool(_nodes(func.body, lambda n: isinstance(n, tvm.tirx.Call) and getattr(n.op, "name", None) in in_flight))
+
+
 def _hand_specialized(func: Any) -> bool:
     return bool(_nodes(func.body, lambda n: isinstance(n, tvm.tirx.AttrStmt) and n.attr_key == "warp_specialize"))
 

@@ -1611,3 +1611,14 @@ def test_a_kernels_own_pipeline_plan_is_said_to_be_followed_by_no_ws_only(data_d
     note = "software pipeline: the kernel's own order and stages of a T.Pipelined loop are followed by tilelang's no_ws lowering only"
     assert any(n.startswith(note) for n in planned.limits()), planned.limits()
     assert not any(n.startswith("software pipeline") for n in plain.limits())
+
+
+def test_a_plain_kernel_that_leaves_mmas_in_flight_is_told_it_needs_a_seed(data_dir):
+    """FlashAttention's wgmma backward issues T.wgmma_gemm and retires it with T.wait_wgmma:
+    role_based skips it in the words of T.gemm's wg_wait, which T.wgmma_gemm does not take
+    (a helper's port). The reason says what to write instead; its T.gemm twin has a seed."""
+    spec = load_kernel(data_dir / "mha_bwd_wgmma.py")
+    space = Task.make(spec, spec.parse_problem("seq_len=1024"), spec.parse_params("block_M=128,block_N=64,num_stages=2")).space()
+    shapes = {dict(p)["mma"]: space.shape(p) for p in space.param_points()}
+    assert isinstance(shapes["async"], str) and shapes["async"].startswith("seed: ") and compiler.IN_FLIGHT_NEEDS_SEED in shapes["async"], shapes["async"]
+    assert not isinstance(shapes["sync"], str), shapes["sync"]
