@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import difflib
 import functools
 import hashlib
 import logging
@@ -67,6 +68,8 @@ ARCH = "sm_90a"
 WS_ANNOTATION = "tl.ws_schedule"
 ROLE_BASED_CONFIG = {"tl.enable_auto_warp_specialization": "role_based"}
 NO_WS_CONFIG = {"tl.disable_warp_specialized": True}
+# What ws-tune sets per lowering, so a kernel file's PASS_CONFIGS may not.
+LOWERING_CONFIGS = frozenset(ROLE_BASED_CONFIG) | frozenset(NO_WS_CONFIG)
 # The scheduler of TileLang's own CUDA pipeline names its block this.
 ROOT_BLOCK = "tilelang_root"
 
@@ -1607,6 +1610,17 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
         return rewritten(strip(func)), {}
     configs = {Lowering.ROLE_BASED: ROLE_BASED_CONFIG, Lowering.NO_WS: NO_WS_CONFIG}
     return strip(func), configs.get(lowering, {})
+
+
+def pass_config_refusal(key: str) -> str | None:
+    """Why a kernel file may not set pass config ``key``, or None."""
+    if key in LOWERING_CONFIGS:
+        return f"{key!r} chooses the warp-specialization lowering, which ws-tune sets for each baseline and candidate"
+    known = tvm.transform.PassContext.list_configs()
+    if key not in known:
+        near = difflib.get_close_matches(key, list(known), n=1)
+        return f"tilelang has no pass config {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+    return None
 
 
 def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:

@@ -62,6 +62,13 @@ A kernel file is a Python module that defines, at top level:
     torch SDPA backend for attention). Each is checked against
     ``reference`` like a candidate; one that raises (its backend cannot run
     this problem or is missing) is recorded as failed with its message.
+``PASS_CONFIGS: dict`` (optional)
+    TileLang pass configs for every build of the kernel, ws-tune's candidates
+    and tilelang's own lowerings alike: what ``@tilelang.jit(pass_configs=...)``
+    gives, keyed by name (``"tl.enable_fast_math"``) or by
+    ``tilelang.PassConfigKey``. The two that choose the warp-specialization
+    lowering (``tl.disable_warp_specialized``,
+    ``tl.enable_auto_warp_specialization``) are ws-tune's to set, per baseline.
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ class KernelSpec:
     tolerance: float = 1e-2  # the loosest of ``tolerances``
     tolerances: tuple[float, ...] = ()  # one per output; empty: ``tolerance`` for each
     scheduled_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    pass_configs: dict[str, Any] = field(default_factory=dict)  # PASS_CONFIGS, keys as tilelang's names
     module: ModuleType | None = field(default=None, compare=False, repr=False)
 
     # --- the user's functions, called through one place each ---------------
@@ -300,8 +308,24 @@ def load_kernel(path: str | Path) -> KernelSpec:
         tolerance=max(tolerances),
         tolerances=tolerances if isinstance(getattr(module, "TOLERANCE", None), (list, tuple)) else (),
         scheduled_only={k: tuple(v) for k, v in _mapping_of_lists(module, "SCHEDULED_ONLY", path).items()},
+        pass_configs=_pass_configs(getattr(module, "PASS_CONFIGS", {}), path),
         module=module,
     )
+
+
+def _pass_configs(value: Any, path: Path) -> dict[str, Any]:
+    """PASS_CONFIGS keyed by tilelang's config names, each one tilelang knows and ws-tune
+    leaves to the kernel."""
+    from . import compiler  # tilelang's registry of configs; a kernel file imports tilelang anyway
+
+    if not isinstance(value, dict):
+        raise KernelFileError(f"{path}: PASS_CONFIGS must be a dict of tilelang pass configs, got {type(value).__name__}")
+    configs = {str(getattr(k, "value", k)): v for k, v in value.items()}  # PassConfigKey is an Enum of names
+    for key in configs:
+        reason = compiler.pass_config_refusal(key)
+        if reason:
+            raise KernelFileError(f"{path}: PASS_CONFIGS: {reason}")
+    return configs
 
 
 def _tolerances(value: Any, outputs: tuple[int, ...], path: Path) -> tuple[float, ...]:

@@ -186,9 +186,10 @@ class Task:
         return candidate.describe(scheduled)
 
     def lowered(self, candidate: Candidate) -> tuple[Any, dict[str, Any]]:
-        """The PrimFunc (schedule attached) and pass configs that build the candidate."""
-        func = self.primfunc(candidate.param_dict)
-        return compiler.lower_for(func, candidate.lowering, candidate.schedule)
+        """The PrimFunc (schedule attached) and pass configs that build the candidate: the
+        kernel file's own, and what the lowering sets."""
+        func, configs = compiler.lower_for(self.primfunc(candidate.param_dict), candidate.lowering, candidate.schedule)
+        return func, {**self.spec.pass_configs, **configs}
 
     def source(self, candidate: Candidate) -> str | None:
         """What to write to build the candidate without ws-tune: its schedule as TileLang
