@@ -262,13 +262,15 @@ class Task:
     def measured_points(self, *, timed: bool) -> list[ParamsKey]:
         """Where the baselines are measured, and the lowering starts chosen from
         (``pipeline.start_points``): every point the kernel serves, or, compile-only (that
-        they build is all it shows), the first with a seed schedule (NSA's backward has
-        none at its first, 32 threads: its seed went unbuilt), else the first."""
+        they build is all it shows), the first with a seed schedule and the file's first
+        (NSA's backward has no seed at its first, 32 threads, and its seed went unbuilt; the
+        wgmma backward lists its unseeded async form first, and that went unbuilt)."""
         space = self.space()
         points = space.served_points()
         if timed or not points:
             return points
-        return [next((p for p in points if isinstance(space.seed_candidate(p), Candidate)), points[0])]
+        seeded = next((p for p in points if isinstance(space.seed_candidate(p), Candidate)), points[0])
+        return list(dict.fromkeys((seeded, points[0])))
 
     def baselines_at(self, points: Iterable[ParamsKey], *, timed: bool) -> list[Candidate]:
         """``baselines`` at each point, the seed schedules first (the lowering starts wait

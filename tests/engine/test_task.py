@@ -143,11 +143,11 @@ def test_no_rewritten_start_where_tilelangs_default_lowering_was_wrong(data_dir)
     assert rewritten == list(points[1:])
 
 
-def test_compile_only_builds_the_baselines_where_there_is_a_seed(data_dir, tmp_path):
-    """Compile-only builds one point's baselines: where the first point has no seed (NSA's
+def test_compile_only_builds_the_baselines_where_there_is_a_seed_and_at_the_first_point(data_dir, tmp_path):
+    """Compile-only builds the baselines of the first point with a seed, its seed schedule
+    with tilelang's lowerings, and those of the file's first point where that has none (NSA's
     backward at 2 stages, its query tile written under the mask bit, which role_based will not
-    version), the first with one is taken, and its seed schedule is built with tilelang's
-    lowerings."""
+    version): a user's first configuration is built too."""
     from ws_tuner.candidate import Lowering
 
     source = (data_dir / "nsa_bwd.py").read_text()
@@ -157,9 +157,12 @@ def test_compile_only_builds_the_baselines_where_there_is_a_seed(data_dir, tmp_p
     task = Task.isolated(str(path), "batch=1,seq_len=1024", "threads=128")
     served = task.space().served_points()
     assert dict(served[0])["num_stages"] == 2 and isinstance(task.space().seed_candidate(served[0]), str)
-    (point,) = task.measured_points(timed=False)
-    assert dict(point)["num_stages"] == 0
-    assert Lowering.WS in {c.lowering for c in task.baselines_at([point], timed=False)}
+    seeded, first = task.measured_points(timed=False)
+    assert dict(seeded)["num_stages"] == 0 and first == served[0]
+    assert Lowering.WS in {c.lowering for c in task.baselines_at([seeded], timed=False)}
+    assert {c.lowering for c in task.baselines_at([first], timed=False)} == {Lowering.DEFAULT, Lowering.NO_WS, Lowering.ROLE_BASED}
+    (point,) = Task.isolated(str(data_dir / "nsa_bwd.py"), "batch=1,seq_len=1024", "threads=128").measured_points(timed=False)
+    assert dict(point)["num_stages"] == 0  # seeded and first: built once
 
 
 def test_the_anchor_is_a_seed_the_static_rules_keep(data_dir):
