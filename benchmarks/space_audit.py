@@ -85,6 +85,8 @@ PROBLEMS = {
     "kda_decode.py": {"batch": 64, "num_slots": 48},
     "sink_gqa_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
     "sink_gqa_bwd_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
+    # the example's main(): 8 sequences of a cache up to 8192 keys, a fifth of its 32-key blocks selected
+    "sparse_gqa_decode.py": {"batch": 8, "max_cache_seqlen": 8192},
 }
 
 

@@ -1612,14 +1612,20 @@ def lower_for(func: Any, lowering: Lowering, schedule: Schedule | None) -> tuple
     return strip(func), configs.get(lowering, {})
 
 
-def pass_config_refusal(key: str) -> str | None:
-    """Why a kernel file may not set pass config ``key``, or None."""
-    if key in LOWERING_CONFIGS:
-        return f"{key!r} chooses the warp-specialization lowering, which ws-tune sets for each baseline and candidate"
+def pass_configs_refusal(configs: dict[str, Any]) -> str | None:
+    """Why a kernel file may not set these pass configs, or None: a name tilelang lacks, one
+    ws-tune sets, or a value of the wrong type (found now, not in every build)."""
     known = tvm.transform.PassContext.list_configs()
-    if key not in known:
-        near = difflib.get_close_matches(key, list(known), n=1)
-        return f"tilelang has no pass config {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+    for key in configs:
+        if key in LOWERING_CONFIGS:
+            return f"{key!r} chooses the warp-specialization lowering, which ws-tune sets for each baseline and candidate"
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1)
+            return f"tilelang has no pass config {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+    try:
+        tvm.transform.PassContext(config=configs)
+    except Exception as exc:  # noqa: BLE001 - TVM checks each value's type here
+        return one_line(exc).removeprefix("Check failed: (value != nullptr) is false: ")
     return None
 
 

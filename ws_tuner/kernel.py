@@ -314,17 +314,16 @@ def load_kernel(path: str | Path) -> KernelSpec:
 
 
 def _pass_configs(value: Any, path: Path) -> dict[str, Any]:
-    """PASS_CONFIGS keyed by tilelang's config names, each one tilelang knows and ws-tune
-    leaves to the kernel."""
+    """PASS_CONFIGS keyed by tilelang's config names, each one tilelang knows, of its type,
+    and left to the kernel by ws-tune."""
     from . import compiler  # tilelang's registry of configs; a kernel file imports tilelang anyway
 
     if not isinstance(value, dict):
         raise KernelFileError(f"{path}: PASS_CONFIGS must be a dict of tilelang pass configs, got {type(value).__name__}")
     configs = {str(getattr(k, "value", k)): v for k, v in value.items()}  # PassConfigKey is an Enum of names
-    for key in configs:
-        reason = compiler.pass_config_refusal(key)
-        if reason:
-            raise KernelFileError(f"{path}: PASS_CONFIGS: {reason}")
+    reason = compiler.pass_configs_refusal(configs)
+    if reason:
+        raise KernelFileError(f"{path}: PASS_CONFIGS: {reason}")
     return configs
 
 

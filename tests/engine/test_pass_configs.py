@@ -103,8 +103,11 @@ def test_every_lowering_gets_the_files_configs_beside_its_own(tmp_path, example_
         ('{"tl.disable_warp_specialized": True}',
          "PASS_CONFIGS: 'tl.disable_warp_specialized' chooses the warp-specialization lowering, which ws-tune sets for each baseline and candidate"),
         ('[("tl.enable_fast_math", True)]', "PASS_CONFIGS must be a dict of tilelang pass configs, got list"),
+        # found when the file loads, not as a compile error of every build (a helper's port)
+        ('{"tl.enable_fast_math": "yes"}', "PASS_CONFIGS: Expect config tl.enable_fast_math to have type ir.IntImm, but instead get ffi.SmallStr"),
+        ('{"tl.enable_fast_math": None}', "PASS_CONFIGS: tl.enable_fast_math is None"),
     ],
 )
-def test_a_pass_config_tilelang_lacks_or_ws_tune_sets_is_one_line_and_exit_2(tmp_path, configs, needle):
+def test_a_pass_config_tilelang_lacks_or_ws_tune_sets_or_of_a_wrong_type_is_one_line_and_exit_2(tmp_path, configs, needle):
     proc = ws_tune("space", str(_kernel_file(tmp_path, "configured", configs)), "--shape", "N=64")
     assert_one_line_error(proc, needle)

@@ -55,7 +55,7 @@ def test_every_kernel_file_is_audited():
             "block_causal_attn.py", "sparse_attn_v4.py", "kda_chunk_o.py", "gemm_sp.py", "block_sparse_mqa.py", "mhc_post.py", "vs_sparse_attn.py", "varlen_attn.py", "mla_paged.py", "lightning_indexer.py", "wy_fast.py", "grouped_gemm.py", "gemv.py", "bitnet_gemm.py", "online_softmax.py", "fp4_gemm.py", "gdn_state.py", "mha_decode_split.py", "gdn_chunk_o_bwd.py", "kda_state.py", "mamba_chunk_scan.py", "gqa_bwd.py",
             "gdn_delta_bwd.py", "retention_fwd.py", "nsa_decode.py", "sink_attn_bwd.py", "seer_attn.py",
             "nsa_bwd.py", "kda_bwd_dqkwg.py", "sparse_mla_bwd.py", "kda_delta_bwd.py", "gqa_fwd.py", "kda_intra_token.py", "sink_gqa_varlen.py", "kda_bwd_gla_da.py", "gqa_fwd_pipelined.py", "gqa_bwd_varlen.py",
-            "sink_gqa_bwd_varlen.py", "mha_bwd_wgmma.py"} | NO_SEED <= names
+            "sink_gqa_bwd_varlen.py", "mha_bwd_wgmma.py", "sparse_gqa_decode.py"} | NO_SEED <= names
     assert "_gemm.py" not in names and "bad_syntax.py" not in names
 
 

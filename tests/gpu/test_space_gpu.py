@@ -192,6 +192,10 @@ CASES = {
     # wgmma backward (MMAs left in flight; its mma=sync twin has the seed).
     "sink_gqa_bwd_varlen": (DATA / "sink_gqa_bwd_varlen.py", "batch=4,heads=32,q_seqlen=1024,k_seqlen=1024,groups=8,is_causal=1,window=128", {}),
     "mha_bwd_wgmma": (DATA / "mha_bwd_wgmma.py", "batch=4,heads=16,seq_len=1024,causal=1", {"mma": ("sync",)}),
+    # Block-sparse GQA decoding over a KV cache of varied lengths (key blocks read by index under a guard,
+    # the parts combined by a second kernel; its example's fast math kept as PASS_CONFIGS). role_based seeds
+    # it at one stage only (a guarded write would be versioned at two).
+    "sparse_gqa_decode": (DATA / "sparse_gqa_decode.py", "batch=8,max_cache_seqlen=4096", {"num_split": (1, 4), "num_stages": (1,)}),
 }
 
 
