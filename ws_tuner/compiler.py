@@ -1527,8 +1527,16 @@ def _unsaid(lines: list[str], error: str = "") -> list[str]:
     return [line for line in lines if _SKIPPED not in line and not (logged and logged in line)]
 
 
+# What tilelang logs of a kernel (a buffer read before it is written) it logs again at every
+# build of every candidate: each text is passed on once per process, whatever its time stamp.
+_TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\] ")
+_passed_on: set[str] = set()
+
+
 def _pass_on(lines: list[str]) -> None:
-    if lines:
+    text = "\n".join(_TIME_STAMP.sub("", line) for line in lines)
+    if lines and text not in _passed_on:
+        _passed_on.add(text)
         sys.stderr.write("\n".join(lines) + "\n")
 
 

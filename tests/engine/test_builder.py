@@ -149,6 +149,40 @@ def test_a_lowering_tilelang_refuses_is_one_line_and_nothing_on_stderr(data_dir,
     assert "Fatal" not in capfd.readouterr().err
 
 
+def test_what_tilelang_logs_of_a_kernel_is_said_once_per_process(uncached, capfd):
+    """tilelang logs a buffer read before it is written (block-sparse GQA decoding's combine
+    kernel) at every build, time-stamped: a compile-only tuning printed it 7 times in 10 builds
+    among the progress lines. Another text is still said."""
+    import tilelang.language as T
+
+    def kernel(offset: float):
+        @T.prim_func
+        def unset(A: T.Tensor((64,), "float32"), B: T.Tensor((64,), "float32")):
+            with T.Kernel(1, threads=64):
+                x = T.alloc_var("float32")
+                for i in T.Parallel(64):
+                    B[i] = A[i] + x + offset
+
+        return unset
+
+    capfd.readouterr()
+    for offset in (1.0, 2.0):  # two kernels, one text
+        compiler.compile_kernel(kernel(offset))
+    said = capfd.readouterr().err
+    assert said.count("`x` is read before anything writes it") == 1, said
+    assert re.match(r"^\[\d\d:\d\d:\d\d\] ", said)  # as tilelang wrote it
+
+    @T.prim_func
+    def other(A: T.Tensor((64,), "float32"), B: T.Tensor((64,), "float32")):
+        with T.Kernel(1, threads=64):
+            y = T.alloc_var("float32")
+            for i in T.Parallel(64):
+                B[i] = A[i] * y
+
+    compiler.compile_kernel(other)
+    assert "`y` is read before anything writes it" in capfd.readouterr().err
+
+
 def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
     ok = "tl::__sync_thread_partial(3, 32);\n tl::__sync_thread_partial(4, 256);\n tl::__sync_thread_partial(4, 256);"
     assert compiler.barrier_clash(ok) is None
