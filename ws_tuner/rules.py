@@ -210,9 +210,9 @@ def register_reason(schedule: Schedule) -> str | None:
         # undefined: on the H200 such roles died with "illegal instruction".
         up = raised.get(role.warpgroups()[0])  # None: no budget, nothing moves
         if up is not None and (role.max_nreg < start if up else role.max_nreg > start):
-            return (f"nreg: {role.name} max_nreg {role.max_nreg} is {'below' if up else 'above'} the {start} registers per thread "
-                    f"it starts with, yet tilelang would set it by setmaxnreg.{'inc' if up else 'dec'}, which only {'raises' if up else 'lowers'} "
-                    f"(it is {'at or above' if up else 'below'} the mean budget {mean} of the block's warpgroups, one without a budget counted as 0): undefined")  # fmt: skip
+            return (f"nreg: {role.name}'s max_nreg {role.max_nreg} is {'at or above' if up else 'below'} the mean budget {mean} of the block's "
+                    f"warpgroups (one without a budget counts 0), so tilelang sets it by setmaxnreg.{'inc' if up else 'dec'}, which only "
+                    f"{'raises' if up else 'lowers'}, but its threads start with {start} registers, {'more' if up else 'fewer'}: undefined")  # fmt: skip
     # The pool is what the block launched with, not the register file: setmaxnreg.inc waits
     # for registers that .dec has freed, so budgets over it hang (at 384 threads, 168 x 384
     # = 64512; 216/216/80 hung on the H200, run 29). A warp without a budget keeps its share.
