@@ -21,8 +21,10 @@ Departures from the example (for the kernel-file contract):
   num_stages=1 only (at 2, K_shared, written under the `i_s >= 0` guard, would be
   versioned): the example's own num_stages=2 gets tilelang's lowerings as baselines.
 - the inputs are drawn as its main() draws them (cache lengths in [1, max_cache_seqlen),
-  distinct valid blocks, sorted descending, -1 padded), with fixed seeds; max_selected_blocks
-  is ceil(max_cache_seqlen * (1 - sparse_ratio) / block_size), as there.
+  distinct valid blocks, sorted descending), with fixed seeds, but the -1 padding is spread
+  among the blocks after the first rather than left at the tail, so that loads are skipped
+  mid-loop; max_selected_blocks is ceil(max_cache_seqlen * (1 - sparse_ratio) / block_size),
+  as there.
 """
 
 import math
@@ -228,6 +230,15 @@ def inputs(problem, device):
             chosen = torch.randperm(valid, generator=gen, dtype=torch.int32)[:selected]
             idx[b, h, : len(chosen)] = chosen
     idx = idx.sort(dim=-1, descending=True).values
+    # The padding spread among the blocks after the first (main() leaves it all at the tail): the
+    # kernel allows it (only its first block reaches past the cache length), and it skips loads
+    # mid-loop, where a pipeline stage a skipped load leaves behind would show.
+    for row in idx.view(-1, selected):
+        valid = row[row >= 0].clone()
+        if 1 < len(valid) < selected:
+            slots = 1 + torch.randperm(selected - 1, generator=gen)[: len(valid) - 1].sort().values
+            row.fill_(-1)
+            row[0], row[slots] = valid[0], valid[1:]
     cache_seqlens = torch.tensor(seqlens, dtype=torch.int32)
     out = torch.empty(batch, heads, dim_v, device=device, dtype=torch.float16)
     return [q, k, v, idx.to(device), cache_seqlens.to(device), out]
