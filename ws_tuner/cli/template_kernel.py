@@ -22,6 +22,8 @@ CHOICES = {"dtype": ["float16", "bfloat16"]}
 PARAMS = {"block_M": [64, 128], "block_N": [128, 256], "block_K": [64], "num_stages": [2, 3, 4]}
 OUTPUTS = [2]  # which of inputs()'s tensors the kernel writes
 TOLERANCE = 1e-2  # largest relative error that counts as correct
+# Optional: tilelang pass configs for every build (what an example gives @tilelang.jit(pass_configs=...)).
+# PASS_CONFIGS = {"tl.enable_fast_math": True}
 
 
 def check(problem, params, schedule):
