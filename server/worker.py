@@ -42,7 +42,7 @@ import zlib
 from typing import Any
 
 from ..candidate import Lowering
-from ..pipeline import Pipeline, PipelineOptions, TrialRecord, TuneReport
+from ..pipeline import Pipeline, PipelineOptions, ReferenceFails, TrialRecord, TuneReport
 from ..result import Status
 from ..store import Store, StoreError
 from ..store.engine import abort_stalled_transactions, close_for_good
@@ -247,7 +247,12 @@ class Worker:
             queue.add_baseline_slots(job.id, baselines)
             if started:
                 queue.add_baseline_slots(job.id, engine.warm(self.store, key, workload_id), kind=WARM)
-            pipeline.choose_anchor(engine.anchors())
+            try:
+                pipeline.choose_anchor(engine.anchors())
+            except ReferenceFails as exc:  # nothing of the job can be checked: it fails, not the worker
+                _log.error("job %d failed: %s", job.id, exc)
+                queue.fail_job(job.id, str(exc))
+                return
             pipeline.run()
         finally:
             if self._abort.is_set():

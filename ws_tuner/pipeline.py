@@ -49,6 +49,11 @@ MAX_REFUSALS = 200  # proposals refused beyond what is known or taken before the
 BASELINE_KINDS = ("seed", "default", "no_ws", "role_based", "reference")
 
 
+class ReferenceFails(Exception):
+    """The kernel file's reference fails at this problem: no candidate can be checked, so
+    nothing is timed (the message is one line)."""
+
+
 @dataclass(frozen=True)
 class TaskRef:
     """How a worker process finds the task again: the kernel file, its hash, the problem."""
@@ -293,6 +298,12 @@ class Pipeline:
                 self.anchor = candidate
                 self.report.anchor = candidate
                 return candidate
+            if candidate.lowering is Lowering.REFERENCE and not candidate.params:
+                # Every check runs it: 108 candidates of a backward pass each failed on the reference's
+                # CUDA out of memory (an H100, run 42), and none was timed.
+                larger = " (a smaller --shape fits)" if "out of memory" in result.message.lower() else ""
+                raise ReferenceFails(f"the kernel file's reference fails at this problem, and every candidate's check runs it: "
+                                     f"{result.status.value}: {result.message}{larger}")  # fmt: skip
         return None
 
     # --- the loop -------------------------------------------------------------------

@@ -378,3 +378,26 @@ def test_lowering_starts_where_the_seed_sets_the_thread_count(store):
     assert not task.lowering_starts([p for p in measured if dict(p)["threads"] == 128])
     warm = {r.candidate.hash for r in report.records if r.role == WARM}
     assert warm and warm == {c.hash for c in task.lowering_starts(measured)}
+
+
+def test_a_reference_that_fails_at_the_problem_ends_the_tuning_before_anything_is_timed(task, store):
+    """Every check runs the kernel file's reference: where it fails (a backward pass whose
+    reference ran out of memory on an H100, run 42), each of 108 candidates failed with it and
+    nothing was timed. The anchor's choice finds it first, and the tuning ends in one line."""
+    from ws_tuner.pipeline import ReferenceFails
+    from ws_tuner.testing import OutOfMemoryRunner
+
+    runner = OutOfMemoryRunner()
+    with pytest.raises(ReferenceFails, match=r"^the kernel file's reference fails at this problem, and every candidate's check runs it: "
+                                             r"launch_error: CUDA out of memory\. .* \(a smaller --shape fits\)$"):  # fmt: skip
+        tune(task, store, budget=4, runner=runner)
+    reference = next(c for c in task.anchors(task.space().served_points()) if c.lowering is Lowering.REFERENCE)
+    assert runner.calls[-1] == reference.hash and len(runner.calls) <= 3  # the seeds, then the reference: nothing else ran
+    workload = store.workload_id(Tuner(task, store=store, builder=CountingBuilder(), runner=runner, strategy=search.create("tpe")).key)
+    assert store.trials_by_hash(workload_id=workload) == {}
+
+
+def test_a_failing_seed_leaves_the_reference_as_the_anchor(task, store):
+    seeds = {c.hash for c in task.anchors(task.space().served_points()) if c.lowering is Lowering.WS}
+    report, _ = tune(task, store, budget=2, runner=DummyRunner(failures=dict.fromkeys(seeds, Status.WRONG)))
+    assert report.anchor is not None and report.anchor.lowering is Lowering.REFERENCE

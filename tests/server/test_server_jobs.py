@@ -402,3 +402,21 @@ def test_a_failed_insert_fails_every_submission_of_its_batch() -> None:
     assert 13 in failed and all(results[i] == 2 * i for i in range(40) if i not in failed)
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(batched(1))
+
+
+def test_a_job_whose_reference_fails_at_its_problem_fails_with_why(db_url: str, live_server: Callable, make_token: Callable,
+                                                                   worker_thread: Callable) -> None:  # fmt: skip
+    """Every check runs the kernel file's reference: where it fails (out of GPU memory), the
+    job fails with that reason, once, rather than failing each candidate on it (the worker
+    lives on)."""
+    live = live_server(db_url)
+    token = make_token(db_url, "jobs:write")
+    with live.client(token) as client:
+        job = client.post("/jobs", json={**GOOD, "params": "block_K=64,block_M=128,block_N=256,split=square,swizzle=8"}).json()
+        worker = worker_thread(db_url, dict(runner="oom", builder="verify-only", space="kernel"))
+        done = wait_for(lambda: (j := client.get(f"/jobs/{job['id']}").json())["state"] in ("succeeded", "failed") and j, 120, what="the job")
+        assert done["state"] == "failed", done
+        assert done["error"].startswith("the kernel file's reference fails at this problem, and every candidate's check runs it: "
+                                        "launch_error: CUDA out of memory."), done["error"]  # fmt: skip
+        assert client.get(f"/jobs/{job['id']}/trials").json()["count"] == 0
+        assert worker.thread.is_alive()

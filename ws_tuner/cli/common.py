@@ -118,11 +118,12 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ..kernel import KernelFileError
+        from ..pipeline import ReferenceFails
         from ..store import StoreError
 
         try:
             return fn(*args, **kwargs)
-        except (KernelFileError, StoreError, ValueError, *_compiler_errors()) as exc:
+        except (KernelFileError, ReferenceFails, StoreError, ValueError, *_compiler_errors()) as exc:
             if isinstance(exc, ValueError) and _library_error(exc):
                 _internal(exc)
             raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None

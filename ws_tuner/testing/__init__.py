@@ -96,6 +96,16 @@ class DummyRunner(Runner):
         return [self._run(ri, ri.anchor or run_inputs[0].candidate, confirmed=True) for ri in run_inputs]
 
 
+class OutOfMemoryRunner(DummyRunner):
+    """Every run fails as CUDA does where a problem's tensors do not fit the GPU: the
+    reference's check included."""
+
+    def _run(self, run_input: RunInput, anchor: Candidate | None, confirmed: bool = False) -> TrialResult:
+        with self._lock:
+            self.calls.append(run_input.candidate.hash)
+        return TrialResult(run_input.candidate.hash, Status.LAUNCH_ERROR, "CUDA out of memory. Tried to allocate 16.00 GiB (test double)")
+
+
 class VerifyOnlyBuilder(Builder):
     """Real MaterializeWSSchedule verification, in process, without nvcc."""
 

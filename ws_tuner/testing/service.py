@@ -27,7 +27,7 @@ from ..runner import EvaluatorConfig, Runner, RunInput
 from ..server.stages import JobEngine, Stages, WorkerOptions
 from ..store.queue import JobRecord
 from ..workload import Environment
-from . import DUMMY_DEVICE, DummyRunner, VerifyOnlyBuilder
+from . import DUMMY_DEVICE, DummyRunner, OutOfMemoryRunner, VerifyOnlyBuilder
 
 # A device name no real GPU has: results of test doubles can never be mistaken
 # for (or reused as) a real compile-only or timed tuning's.
@@ -127,15 +127,18 @@ class TestStages(Stages):
 
 def test_stages(*, builder: str = "fake", runner: str = "dummy", space: str = "fake", runner_delay: float = 0.0,
                 options: WorkerOptions = WorkerOptions()) -> TestStages:  # fmt: skip
-    """Stages by name: builder fake|verify-only, runner dummy|none, space fake|kernel."""
+    """Stages by name: builder fake|verify-only, runner dummy|oom|none (oom: every run out of
+    GPU memory), space fake|kernel."""
     builders: dict[str, Callable[[], Builder]] = {"fake": FakeBuilder, "verify-only": VerifyOnlyBuilder}
-    if builder not in builders or runner not in ("dummy", "none") or space not in ("fake", "kernel"):
+    if builder not in builders or runner not in ("dummy", "oom", "none") or space not in ("fake", "kernel"):
         raise ValueError(f"unknown test stages {builder}/{runner}/{space}")
     fake_space = space == "fake"
     dummy: Runner | None = None
     if runner == "dummy":
         # The engine's own double on a real kernel: the same workload key as its tests.
         dummy = FastDummyRunner(delay=runner_delay, latency=fake_latency) if fake_space else DummyRunner(delay=runner_delay)
+    elif runner == "oom":
+        dummy = OutOfMemoryRunner()
     return TestStages(builders[builder](), dummy, options, fake_space=fake_space)
 
 
