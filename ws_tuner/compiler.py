@@ -1807,15 +1807,30 @@ def _merge_in_role_order(*args: Any, **kwargs: Any) -> Any:
 tilelang.transform.MergeSharedMemoryAllocations = _merge_in_role_order
 
 
+# A static shared array of the generated code: its alignment, element type and length (the
+# pipelines' mbarriers, ``__shared__ __align__(16) uint64_t smem_full_mem[3];``).
+_STATIC_SHARED = re.compile(r"^\s*__shared__\s+__align__\((\d+)\)\s+(\w+)\s+\w+\[(\d+)\];", re.M)
+_C_BYTES = {"uint64_t": 8, "int64_t": 8, "double": 8, "float": 4, "int": 4, "uint": 4, "int32_t": 4, "uint32_t": 4,
+            "half_t": 2, "bfloat16_t": 2, "half": 2, "short": 2, "uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1}  # fmt: skip
+
+
 def shared_memory(kernel: Any) -> int | None:
-    """Bytes of dynamic shared memory a compiled kernel launches with (tilelang's planner
-    decided them), or None where it does not say: another backend, or a kernel loaded from
+    """Bytes of shared memory a compiled kernel launches with: the dynamic buffer tilelang's
+    planner sized, and the static arrays of its code (CUDA holds both to the 227 KB: a
+    dynamic buffer of exactly 227 KB beside the mbarriers failed to launch, H100 run 42). None
+    where the planner's size is not known: another backend, or a kernel loaded from
     tilelang's cache (it keeps the code, not the lowered module)."""
     try:
         sizes = [f.attrs.get("dyn_shared_memory_buf") for f in kernel.artifact.device_mod.functions.values() if f.attrs is not None]
     except Exception:  # noqa: BLE001 - nothing to check
         return None
-    return max((int(s) for s in sizes if s is not None), default=None)
+    dynamic = max((int(s) for s in sizes if s is not None), default=None)
+    if dynamic is None:
+        return None
+    static = 0
+    for align, kind, length in _STATIC_SHARED.findall(kernel.get_kernel_source()):
+        static = -(-static // int(align)) * int(align) + _C_BYTES.get(kind, 8) * int(length)  # unknown types as the widest
+    return dynamic + static
 
 
 def code_hash(kernel: Any) -> str | None:

@@ -149,6 +149,19 @@ def test_a_lowering_tilelang_refuses_is_one_line_and_nothing_on_stderr(data_dir,
     assert "Fatal" not in capfd.readouterr().err
 
 
+def test_shared_memory_counts_the_static_mbarriers_beside_the_planned_buffer(gemm_task, seed, uncached):
+    """CUDA holds a block's static shared arrays and its dynamic buffer together to the
+    227 KB: a candidate whose planned buffer was exactly 227 KB passed the builder and failed
+    to launch beside its pipelines' mbarriers (H100 run 42)."""
+    func, configs = gemm_task.lowered(seed)
+    kernel = compiler.compile_kernel(func, configs)
+    dynamic = max(int(f.attrs["dyn_shared_memory_buf"]) for f in kernel.artifact.device_mod.functions.values()
+                  if f.attrs is not None and "dyn_shared_memory_buf" in f.attrs)  # fmt: skip
+    barriers = re.findall(r"__shared__ __align__\(\d+\) uint64_t (\w+)\[(\d+)\];", kernel.get_kernel_source())
+    assert barriers, "the pipelines' full and empty mbarriers"
+    assert compiler.shared_memory(kernel) >= dynamic + sum(8 * int(n) for _, n in barriers) > dynamic
+
+
 def test_what_tilelang_logs_of_a_kernel_is_said_once_per_process(uncached, capfd):
     """tilelang logs a buffer read before it is written (block-sparse GQA decoding's combine
     kernel) at every build, time-stamped: a compile-only tuning printed it 7 times in 10 builds
