@@ -98,7 +98,7 @@ def build_one(build_input: BuildInput) -> BuildResult:
     smem, limit = compiler.shared_memory(kernel), task.space_config.smem_limit
     if smem is not None and smem > limit:
         # The smem rule's sharing is a bound: tilelang's planner may pack worse, and such a
-        # kernel would fail at launch (as one from tilelang's cache, which does not say).
+        # kernel would fail at launch (one from tilelang's cache says it by ws-tune's record).
         # tilelang's own lowerings too: at a point whose tiles overflow, none can launch.
         return done(Status.REJECTED, f"smem: tilelang's planner gives the block {kb_over(smem, limit)}")
     return done(Status.BUILT, code_hash=compiler.code_hash(kernel))

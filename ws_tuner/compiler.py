@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import tilelang
@@ -1652,6 +1653,7 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
     finally:
         _planned.order, _planned.compiling = None, False
     _pass_on(_unsaid(lines))
+    _record_shared_memory(kernel)
     clash = barrier_clash(kernel.get_kernel_source())
     if clash:
         raise CompilerError(clash)
@@ -1814,15 +1816,33 @@ _C_BYTES = {"uint64_t": 8, "int64_t": 8, "double": 8, "float": 4, "int": 4, "uin
             "half_t": 2, "bfloat16_t": 2, "half": 2, "short": 2, "uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1}  # fmt: skip
 
 
+# tilelang's cache keeps a kernel's code, not the lowered module that says how much shared
+# memory its planner gave the block: ws-tune keeps that beside the code, in the cache entry.
+# (A seed compiled first by the runner, as the anchor, came to the builder from the cache,
+# and a 354 KB block reached the GPU: H100 run 42.)
+SHARED_MEMORY_RECORD = "ws_tune_shared_memory"
+
+
 def shared_memory(kernel: Any) -> int | None:
     """Bytes of shared memory a compiled kernel launches with: the dynamic buffer tilelang's
     planner sized, and the static arrays of its code (CUDA holds both to the 227 KB: a
-    dynamic buffer of exactly 227 KB beside the mbarriers failed to launch, H100 run 42). None
-    where the planner's size is not known: another backend, or a kernel loaded from
-    tilelang's cache (it keeps the code, not the lowered module)."""
+    dynamic buffer of exactly 227 KB beside the mbarriers failed to launch, H100 run 42).
+    From tilelang's cache, what ws-tune recorded when it compiled the kernel; None where
+    neither says (another backend, a cache entry written without ws-tune)."""
+    planned = _planned_shared_memory(kernel)
+    if planned is not None:
+        return planned
+    record = _shared_memory_record(kernel)
+    try:
+        return int(record.read_text()) if record is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def _planned_shared_memory(kernel: Any) -> int | None:
     try:
         sizes = [f.attrs.get("dyn_shared_memory_buf") for f in kernel.artifact.device_mod.functions.values() if f.attrs is not None]
-    except Exception:  # noqa: BLE001 - nothing to check
+    except Exception:  # noqa: BLE001 - loaded from the cache, or another backend
         return None
     dynamic = max((int(s) for s in sizes if s is not None), default=None)
     if dynamic is None:
@@ -1831,6 +1851,18 @@ def shared_memory(kernel: Any) -> int | None:
     for align, kind, length in _STATIC_SHARED.findall(kernel.get_kernel_source()):
         static = -(-static // int(align)) * int(align) + _C_BYTES.get(kind, 8) * int(length)  # unknown types as the widest
     return dynamic + static
+
+
+def _shared_memory_record(kernel: Any) -> Any:
+    entry = getattr(kernel, "_tilelang_cache_path", None)  # tilelang 0.1.15's cache entry of this kernel
+    return Path(entry) / SHARED_MEMORY_RECORD if entry else None
+
+
+def _record_shared_memory(kernel: Any) -> None:
+    planned, record = _planned_shared_memory(kernel), _shared_memory_record(kernel)
+    if planned is not None and record is not None and record.parent.is_dir():
+        with contextlib.suppress(OSError):  # a read-only cache: the builder then knows less, as before
+            record.write_text(str(planned))
 
 
 def code_hash(kernel: Any) -> str | None:

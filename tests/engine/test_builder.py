@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -160,6 +161,44 @@ def test_shared_memory_counts_the_static_mbarriers_beside_the_planned_buffer(gem
     barriers = re.findall(r"__shared__ __align__\(\d+\) uint64_t (\w+)\[(\d+)\];", kernel.get_kernel_source())
     assert barriers, "the pipelines' full and empty mbarriers"
     assert compiler.shared_memory(kernel) >= dynamic + sum(8 * int(n) for _, n in barriers) > dynamic
+
+
+CACHED_SCRIPT = """
+import sys
+import tilelang.language as T
+from ws_tuner import compiler
+
+
+@T.prim_func
+def staged(A: T.Tensor((128, 64), "float16"), B: T.Tensor((128, 64), "float16")):
+    with T.Kernel(1, threads=128):
+        S = T.alloc_shared((128, 64), "float16")
+        T.copy(A, S)
+        for i, j in T.Parallel(128, 64):
+            B[i, j] = S[i, j] + OFFSET
+
+
+kernel = compiler.compile_kernel(staged)
+print(kernel.artifact is None, compiler.shared_memory(kernel))
+"""
+
+
+def test_a_kernel_from_tilelangs_cache_still_says_its_shared_memory(tmp_path):
+    """tilelang's cache keeps a kernel's code, not its lowered module: the builder could not
+    hold a kernel the runner had compiled first (the anchor) to the 227 KB, and a 354 KB seed
+    reached the GPU (H100 run 42). ws-tune keeps the planned size in the cache entry, which
+    another process reads."""
+    import subprocess
+    import sys
+    import uuid
+
+    script = tmp_path / "staged.py"
+    script.write_text(CACHED_SCRIPT.replace("OFFSET", f"{uuid.uuid4().int % 10**6}.0"))  # a kernel no earlier run cached
+    env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path / "tl-cache")}
+    fresh, cached = (subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300, check=True).stdout.split()
+                     for _ in range(2))  # fmt: skip
+    assert fresh[0] == "False" and cached[0] == "True"  # the second process loaded it from the cache
+    assert cached[1] == fresh[1] and int(fresh[1]) >= 128 * 64 * 2
 
 
 def test_what_tilelang_logs_of_a_kernel_is_said_once_per_process(uncached, capfd):
