@@ -1362,7 +1362,8 @@ def _with_threads(func: Any, threads: int) -> Any:
 def _read_only_inputs(func: Any) -> set[Any]:
     """The data variables of the kernel's buffer parameters that it never writes."""
     params = [func.buffer_map[p] for p in func.params if p in func.buffer_map]
-    return {b.data for b in params if str(b.name) in unwritten_params(func, tuple(range(len(params))))}
+    unwritten = set(unwritten_params(func, tuple(range(len(params)))))  # one walk of the kernel, not one per parameter
+    return {b.data for b in params if str(b.name) in unwritten}
 
 
 def _only_an_operand(body: Any, buf: Any, read_only: set[Any]) -> bool:

@@ -60,6 +60,8 @@ STAGE_SAMPLE = 256
 # Points probed, in a random order, for one with a seed, which says what groups a sampled
 # count draws (ScheduleSpace.param_groups); where none has one, points are drawn alone.
 GROUP_PROBES = 8
+# Depth sets a random draw tries before it lists every set the rules keep (to tell "few" from "none").
+DEPTH_DRAWS = 16
 
 
 def _one_depth(plan: Plan) -> bool:
@@ -490,10 +492,9 @@ class ScheduleSpace:
             asynchronous = tuple(op for op in shape.asyncable(moved) if rng.random() < 0.5)
             kept = self._role_survivors(params, shape, moved)[0][0]
             plan = shape.plan(rng.choice(shape.layouts()), moved)
-            fitting = self._fitting_depths(shape, plan)
-            if not kept or plan.infeasible or not fitting:
+            depths = None if not kept or plan.infeasible else self._random_depths(rng, shape, plan)
+            if depths is None:
                 continue
-            depths = rng.choice(fitting)
             stages = tuple(itertools.chain.from_iterable(rng.choice(c.options) for c in plan.stage_choices))
             label, nregs = rng.choice(kept)
             point = Point(params, label, plan.layout, depths, stages, nregs, moved, asynchronous)
@@ -549,6 +550,20 @@ class ScheduleSpace:
         for choice in plan.stage_choices:
             out[choice.name] = choice.label(tuple(next(stages) for _ in choice.groups))
         return out
+
+    def _random_depths(self, rng: random.Random, shape: SeedShape, plan: Plan) -> tuple[int, ...] | None:
+        """Depths the static rules keep, drawn uniformly among them, or None if none is kept:
+        drawn among every set and redrawn while refused (the same law as a choice among the kept
+        ones), so that the kept ones, each sized by the shared-memory packer, are listed only
+        where the draws find none (listing them was over half of a drawn point's time)."""
+        if (id(shape), plan) not in self._fitting:
+            sets = self._depth_sets(plan)
+            for _ in range(DEPTH_DRAWS):
+                depths = rng.choice(sets)
+                if not self._depths_reason(shape, plan, depths):
+                    return depths
+        fitting = self._fitting_depths(shape, plan)
+        return rng.choice(fitting) if fitting else None
 
     def _fitting_depths(self, shape: SeedShape, plan: Plan) -> list[tuple[int, ...]]:
         key = (id(shape), plan)
