@@ -1814,7 +1814,7 @@ tilelang.transform.MergeSharedMemoryAllocations = _merge_in_role_order
 # pipelines' mbarriers, ``__shared__ __align__(16) uint64_t smem_full_mem[3];``).
 _STATIC_SHARED = re.compile(r"^\s*__shared__\s+__align__\((\d+)\)\s+(\w+)\s+\w+\[(\d+)\];", re.M)
 _C_BYTES = {"uint64_t": 8, "int64_t": 8, "double": 8, "float": 4, "int": 4, "uint": 4, "int32_t": 4, "uint32_t": 4,
-            "half_t": 2, "bfloat16_t": 2, "half": 2, "short": 2, "uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1}  # fmt: skip
+            "half_t": 2, "bfloat16_t": 2, "half": 2, "short": 2, "uchar": 1, "char": 1, "int8_t": 1, "uint8_t": 1}  # fmt: skip
 
 
 # tilelang's cache keeps a kernel's code, not the lowered module that says how much shared
@@ -1854,7 +1854,7 @@ def _planned_shared_memory(kernel: Any) -> int | None:
     return dynamic + static
 
 
-def _shared_memory_record(kernel: Any) -> Any:
+def _shared_memory_record(kernel: Any) -> Path | None:
     entry = getattr(kernel, "_tilelang_cache_path", None)  # tilelang 0.1.15's cache entry of this kernel
     return Path(entry) / SHARED_MEMORY_RECORD if entry else None
 
