@@ -69,6 +69,6 @@ def test_the_guide_names_real_commands_and_the_whole_contract():
     commands = set(get_command(app).commands)
     for command in re.findall(r"^\s+ws-tune (\S+)", text, re.M):
         assert command in commands or command.endswith(".py"), f"the guide runs `ws-tune {command}`"
-    for name in (*REQUIRED, "CHOICES", "OUTPUTS", "TOLERANCE", "check", "vendors", "bytes_moved"):
+    for name in (*REQUIRED, "CHOICES", "OUTPUTS", "TOLERANCE", "check", "vendors", "bytes_moved", "PASS_CONFIGS"):
         assert f"`{name}" in text, f"the guide does not explain {name}"
     assert "ws-tune new my_linear.py" in text
