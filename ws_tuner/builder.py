@@ -48,6 +48,15 @@ class BuildResult:
     message: str = ""
     seconds: float = 0.0
     code_hash: str | None = None  # of the generated code: candidates alike in it are one kernel
+    log: tuple[tuple[str, ...], ...] = ()  # what the compiler logged, for the tuning's process to say
+
+    def say_log(self) -> None:
+        """Pass on the compiler's log here: once per text for all workers, not once per worker."""
+        if self.log:
+            from . import compiler
+
+            for lines in self.log:
+                compiler.pass_on(lines)
 
     @property
     def ok(self) -> bool:
@@ -76,15 +85,20 @@ class Builder(abc.ABC):
 def build_one(build_input: BuildInput) -> BuildResult:
     """Verify and compile one candidate, in whatever process this runs in."""
     from . import compiler
-    from .kernel import KernelFileError
 
     start = time.perf_counter()
+    with compiler.held_log() as log:
+        status, message, code_hash = _build(build_input)
+    return BuildResult(build_input.candidate, status, message, time.perf_counter() - start, code_hash, tuple(map(tuple, log)))
 
-    def done(status: Status, message: str = "", code_hash: str | None = None) -> BuildResult:
-        return BuildResult(build_input.candidate, status, message, time.perf_counter() - start, code_hash)
+
+def _build(build_input: BuildInput) -> tuple[Status, str, str | None]:
+    """The outcome: status, message and the generated code's hash."""
+    from . import compiler
+    from .kernel import KernelFileError
 
     if build_input.candidate.lowering is Lowering.REFERENCE:
-        return done(Status.BUILT, "the kernel file's reference: nothing to build")
+        return Status.BUILT, "the kernel file's reference: nothing to build", None
     try:
         task = build_input.task()
         func, pass_configs = task.lowered(build_input.candidate)
@@ -92,16 +106,16 @@ def build_one(build_input: BuildInput) -> BuildResult:
             compiler.verify(func)
         kernel = compiler.compile_kernel(func, pass_configs)
     except compiler.ScheduleRejected as exc:
-        return done(Status.REJECTED, str(exc))
+        return Status.REJECTED, str(exc), None
     except (compiler.CompilerError, KernelFileError) as exc:
-        return done(Status.COMPILE_ERROR, str(exc))
+        return Status.COMPILE_ERROR, str(exc), None
     smem, limit = compiler.shared_memory(kernel), task.space_config.smem_limit
     if smem is not None and smem > limit:
         # The smem rule's sharing is a bound: tilelang's planner may pack worse, and such a
         # kernel would fail at launch (one from tilelang's cache says it by ws-tune's record).
         # tilelang's own lowerings too: at a point whose tiles overflow, none can launch.
-        return done(Status.REJECTED, f"smem: tilelang's planner gives the block {kb_over(smem, limit)}")
-    return done(Status.BUILT, code_hash=compiler.code_hash(kernel))
+        return Status.REJECTED, f"smem: tilelang's planner gives the block {kb_over(smem, limit)}", None
+    return Status.BUILT, "", compiler.code_hash(kernel)
 
 
 class LocalBuilder(Builder):
@@ -137,6 +151,7 @@ class LocalBuilder(Builder):
 
         def finish(fut: Future) -> None:
             result = outcome(fut)
+            result.say_log()
             with suppress(InvalidStateError):  # abandoned (an interrupted tuning): nobody waits for it
                 outer.set_result(result)
 
@@ -161,5 +176,7 @@ class InProcessBuilder(Builder):
 
     def submit(self, build_input: BuildInput) -> "Future[BuildResult]":
         fut: Future[BuildResult] = Future()
-        fut.set_result(build_one(build_input))
+        result = build_one(build_input)
+        result.say_log()
+        fut.set_result(result)
         return fut

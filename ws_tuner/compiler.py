@@ -24,7 +24,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import tilelang
 import tilelang.language as T
@@ -1533,13 +1533,29 @@ def _unsaid(lines: list[str], error: str = "") -> list[str]:
 # build of every candidate: each text is passed on once per process, whatever its time stamp.
 _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\] ")
 _passed_on: set[str] = set()
+_held: list[list[str]] | None = None  # while ``held_log`` keeps what is passed on
 
 
-def _pass_on(lines: list[str]) -> None:
+def pass_on(lines: Sequence[str]) -> None:
+    if _held is not None:
+        _held.extend([list(lines)] if lines else [])
+        return
     text = "\n".join(_TIME_STAMP.sub("", line) for line in lines)
     if lines and text not in _passed_on:
         _passed_on.add(text)
         sys.stderr.write("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def held_log() -> Iterator[list[list[str]]]:
+    """What the block's compiles would pass on, kept for the caller to ``pass_on``: a compile
+    worker's log goes to the tuning's process, which says each text once for all workers."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield _held
+    finally:
+        _held = outer
 
 
 @contextlib.contextmanager
@@ -1557,7 +1573,7 @@ def role_based_skips() -> Iterator[list[str]]:
         for line in lines:
             _, skip, reason = line.partition(_SKIPPED)
             reasons.append(_OP_REPR.sub(r"\1", reason.strip())) if skip else other.append(line)
-        _pass_on(other)
+        pass_on(other)
 
 
 def attach(func: Any, schedule: Schedule) -> Any:
@@ -1649,11 +1665,11 @@ def compile_kernel(func: Any, pass_configs: dict[str, Any] | None = None) -> Any
             kernel = tilelang.compile(func, target=target(), pass_configs=pass_configs or None)
     except Exception as exc:  # noqa: BLE001
         message = one_line(exc)
-        _pass_on(_unsaid(lines, message))
+        pass_on(_unsaid(lines, message))
         raise CompilerError(message) from exc
     finally:
         _planned.order, _planned.compiling = None, False
-    _pass_on(_unsaid(lines))
+    pass_on(_unsaid(lines))
     _record_shared_memory(kernel)
     clash = barrier_clash(kernel.get_kernel_source())
     if clash:

@@ -235,6 +235,59 @@ def test_what_tilelang_logs_of_a_kernel_is_said_once_per_process(uncached, capfd
     assert "`y` is read before anything writes it" in capfd.readouterr().err
 
 
+UNSET_READ = '''
+import tilelang.language as T
+
+PROBLEM = {"N": None}
+PARAMS = {"offset": [1, 2, 3, 4]}
+
+
+def kernel(problem, *, offset):
+    N = problem["N"]
+
+    @T.prim_func
+    def unset(A: T.Tensor((N,), "float32"), B: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, 64), threads=64) as bx:
+            never_set = T.alloc_var("float32")
+            for i in T.Parallel(64):
+                B[bx * 64 + i] = A[bx * 64 + i] + never_set + offset
+
+    return unset
+
+
+def inputs(problem, device):
+    import torch
+
+    return [torch.randn(problem["N"], device=device), torch.empty(problem["N"], device=device)]
+
+
+def reference(problem, args):
+    return [args[0]]
+
+
+def flops(problem):
+    return float(problem["N"])
+'''
+
+
+@pytest.mark.slow
+def test_what_compile_workers_log_is_said_once_by_the_tuning(tmp_path, fresh_cache, capfd):
+    """Each spawned worker logged tilelang's text once: a tuning with --jobs 15 could say it
+    15 times. The workers hand their log to the tuning's process, which says it once."""
+    path = tmp_path / "unset.py"
+    path.write_text(UNSET_READ)
+    spec = load_kernel(path)
+    task = Task.make(spec, spec.parse_problem("N=256"))
+    inputs = [_input(task, Candidate.make({"offset": o}, None, Lowering.DEFAULT)) for o in spec.params["offset"]]
+    capfd.readouterr()
+    with LocalBuilder(jobs=2, timeout=240) as builder:
+        results = builder.build(inputs)
+    assert [r.status for r in results] == [Status.BUILT] * 4, [r.message for r in results]
+    said = capfd.readouterr().err
+    assert said.count("`never_set` is read before anything writes it") == 1, said
+    assert all(r.log for r in results)  # each worker logged it at every build: the parent said it once
+
+
 def test_a_named_barrier_with_two_thread_counts_is_a_compile_error():
     ok = "tl::__sync_thread_partial(3, 32);\n tl::__sync_thread_partial(4, 256);\n tl::__sync_thread_partial(4, 256);"
     assert compiler.barrier_clash(ok) is None
