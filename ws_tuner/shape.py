@@ -48,6 +48,7 @@ class PointInfo:
     rewritten: bool = False  # ws-tune's rewrites change how the kernel moves data (compiler.rewritten)
     trips: dict[str, int] = field(default_factory=dict)  # loop op id -> trip count, where constant
     program: str = ""  # compiler.scheduled_program: equal at two points, a schedule builds one kernel at both
+    plain_program: str = ""  # the same digest of the kernel before any seed, so a seedless point has one too
     schedule_sets: frozenset[int] = frozenset()  # the values of what the schedule sets instead (num_stages, threads)
     budgets: bool = True  # False: the kernel opts out of setmaxnreg (T.no_set_max_nreg): its seed sets no budget
     orders_pipeline: bool = False  # compiler.orders_its_pipeline: a plan of its own that only no_ws follows

@@ -94,7 +94,7 @@ class ScheduleSpace:
         self._check = check
         self._check_candidates = check_candidates
         self._shapes: dict[ParamsKey, SeedShape | str] = {}
-        self._seedless: set[ParamsKey] = set()  # served by the kernel, but without a seed to vary
+        self._seedless: dict[ParamsKey, PointInfo] = {}  # served by the kernel, but without a seed to vary
         self._seeds: dict[tuple, Variants] = {}
         self._deadlocks = DeadlockModel()  # shared: the seeds of different kernel parameters often deadlock alike
         self._split_reasons: dict[tuple[ParamsKey, str], str | None] = {}
@@ -159,7 +159,7 @@ class ScheduleSpace:
             else:
                 info = self._point_info(dict(params))
                 if info.seed is None:
-                    self._seedless.add(params)
+                    self._seedless[params] = info
                     self._shapes[params] = f"seed: {info.no_seed}"
                     return self._shapes[params]
                 key = (info.seed, tuple(sorted(info.accesses.items())), tuple(sorted(info.buffer_kinds.items())))
@@ -250,6 +250,10 @@ class ScheduleSpace:
         plan's stage choices is walked, the choices each stands for."""
         for params in grid:
             shape = self.shape(params)
+            if isinstance(shape, str) and (twin := self._seeded_twin(params)) is not None:
+                count.same_points += 1  # a seedless point whose kernels a seeded one builds
+                count.examples.setdefault("same", self._same_reason(params, twin))
+                continue
             if isinstance(shape, str):
                 count.prune_point(shape)
                 continue
@@ -430,11 +434,32 @@ class ScheduleSpace:
             self._own[params] = None if same == params else frozenset(label for label in shape.split_keys if self._layout_home(params, shape, label) == params)
         return self._own[params]
 
-    def _same_reason(self, params: ParamsKey) -> str:
-        same = self.representative(params)
+    def _same_reason(self, params: ParamsKey, seeded_twin: ParamsKey | None = None) -> str:
+        same = seeded_twin or self.representative(params)
         theirs, ours = (", ".join(f"{k}={v}" for k, v in p if dict(params)[k] != dict(same)[k]) for p in (same, params))
-        sets = " and ".join(sorted(self.set_by_schedule(params))) or "the pipeline depths and threads"
-        return f"same: the warp-specialized kernels of {ours} are those of {theirs}, built and counted there (a schedule sets {sets})"
+        sets = " and ".join(sorted(self.set_by_schedule(params) if seeded_twin is None else (k for k, _ in set(params) - set(same))))
+        unseeded = "" if seeded_twin is None else f"; {ours} has no seed of its own: {self._seedless[params].no_seed}"
+        return f"same: the warp-specialized kernels of {ours} are those of {theirs}, built and counted there (a schedule sets {sets or 'the pipeline depths and threads'}){unseeded}"
+
+    def _seeded_twin(self, params: ParamsKey) -> ParamsKey | None:
+        """For a point without a seed, one with a seed whose kernel differs from its own only in
+        what a schedule sets (a loop's num_stages, the block's threads): that point's
+        candidates are this point's kernels, deeper pipelines included."""
+        info = self._seedless.get(params)
+        if info is None or not info.plain_program:
+            return None
+        for key, value in params:
+            for other in self.param_grid[key]:
+                probe = tuple((k, other if k == key else v) for k, v in params)
+                if other == value or probe in self._seedless:
+                    continue
+                try:
+                    near = self.shape(probe)
+                except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
+                    continue
+                if not isinstance(near, str) and near.info.plain_program == info.plain_program:
+                    return probe
+        return None
 
     def seed_point(self, params: ParamsKey) -> Point | str:
         shape = self.shape(params)

@@ -137,10 +137,11 @@ class Task:
         func = self.primfunc(params)
         plain = compiler.strip(func)
         rewritten = bool(compiler.rewrites(plain)[1])
+        plain_program = compiler.scheduled_program(plain)[0]
         try:
             prepared, seed = compiler.prepare(func)
         except compiler.NoSeed as exc:  # still a kernel: its baselines are measured
-            return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc), rewritten=rewritten)
+            return PointInfo(seed=None, shared_bytes={}, accesses={}, no_seed=str(exc), rewritten=rewritten, plain_program=plain_program)
         program, schedule_sets = compiler.scheduled_program(prepared)
         return PointInfo(
             seed=seed,
@@ -150,6 +151,7 @@ class Task:
             rewritten=rewritten,
             trips=compiler.loop_trips(prepared),
             program=program,
+            plain_program=plain_program,
             schedule_sets=schedule_sets,
             budgets=compiler.sets_max_nreg(prepared),
             orders_pipeline=compiler.orders_its_pipeline(func),

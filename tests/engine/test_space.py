@@ -1572,15 +1572,27 @@ def test_a_narrow_kernel_without_a_seed_says_why_not_at_whole_warpgroups_too(dat
 def test_a_point_without_candidates_is_counted_as_a_point_not_as_the_space_it_lacks(data_dir):
     """Block-sparse GEMM has no seed beyond one stage: each such point was charged the whole
     space of a seeded one "before pruning", and pruned as "seed" (88% of a port's count).
-    Such points are counted apart, as points."""
+    Such points are counted apart, as points. Its kernel at two stages is its kernel at one
+    under any schedule (which sets the stages): that point's candidates are its kernels, and
+    the count says so rather than "no candidates" (a port's block-sparse GQA decoding)."""
     spec = load_kernel(data_dir / "blocksparse_gemm.py")
-    space = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024")).space()
+    task = Task.make(spec, spec.parse_problem("M=1024,N=1024,K=1024"))
     seeded, seedless = (("num_stages", 1), ("threads", 256)), (("num_stages", 2), ("threads", 256))
+    space = task.space()
     assert not isinstance(space.shape(seeded), str) and space.shape(seedless).startswith("seed: ")  # the premise
     alone, both = space.count(at=[seeded]), space.count(at=[seeded, seedless])
     assert (both.total, both.kept, dict(both.pruned)) == (alone.total, alone.kept, dict(alone.pruned)) and both.kept > 0
-    assert (dict(both.points_pruned), both.seeded_points) == ({"seed": 1}, 1)
-    assert both.examples["seed"] == space.shape(seedless)
+    assert (dict(both.points_pruned), both.same_points, both.seeded_points) == ({}, 1, 1)
+    assert both.examples["same"] == ("same: the warp-specialized kernels of num_stages=2 are those of num_stages=1, built and counted there "
+                                     "(a schedule sets num_stages); num_stages=2 has no seed of its own: " + space.shape(seedless).removeprefix("seed: "))  # fmt: skip
+    # a seedless point whose kernel no seeded point builds has no candidates at all
+    def other_kernel(params):
+        info = task.point_info(params)
+        return info if info.seed is not None else replace(info, plain_program="another kernel")
+
+    apart = type(space)(param_grid=task.param_grid, point_info=other_kernel, check=task.check, config=task.space_config).count(at=[seeded, seedless])
+    assert (dict(apart.points_pruned), apart.same_points, apart.seeded_points) == ({"seed": 1}, 0, 1)
+    assert apart.examples["seed"] == space.shape(seedless)
 
 
 def test_stages_the_dependences_pin_to_one_choice_are_said_to_be_kept(data_dir):
