@@ -81,9 +81,9 @@ class DummyRunner(Runner):
             self.calls.append(candidate.hash)
         if self.delay:
             time.sleep(self.delay)
-        status = self.failures.get(candidate.hash)
-        if status is not None:
-            return TrialResult(candidate.hash, status, f"injected {status.value}")
+        failure = self._failure(candidate)
+        if failure is not None:
+            return TrialResult(candidate.hash, *failure)
         ms = self.latency(candidate)
         ratio = ms / self.latency(anchor) if anchor is not None else None
         return TrialResult(candidate.hash, Status.OK, timing=Timing(ms, ms * 0.99, ms * 1.01, 30), tflops=self.flops / (ms * 1e-3) / 1e12,
@@ -95,15 +95,18 @@ class DummyRunner(Runner):
             self.tournaments.append([ri.candidate.hash for ri in run_inputs])
         return [self._run(ri, ri.anchor or run_inputs[0].candidate, confirmed=True) for ri in run_inputs]
 
+    def _failure(self, candidate: Candidate) -> tuple[Status, str] | None:
+        """How this candidate's run fails, or None: the injected ``failures``."""
+        status = self.failures.get(candidate.hash)
+        return None if status is None else (status, f"injected {status.value}")
+
 
 class OutOfMemoryRunner(DummyRunner):
     """Every run fails as CUDA does where a problem's tensors do not fit the GPU: the
     reference's check included."""
 
-    def _run(self, run_input: RunInput, anchor: Candidate | None, confirmed: bool = False) -> TrialResult:
-        with self._lock:
-            self.calls.append(run_input.candidate.hash)
-        return TrialResult(run_input.candidate.hash, Status.LAUNCH_ERROR, "CUDA out of memory. Tried to allocate 16.00 GiB (test double)")
+    def _failure(self, candidate: Candidate) -> tuple[Status, str] | None:
+        return Status.LAUNCH_ERROR, "CUDA out of memory. Tried to allocate 16.00 GiB (test double)"
 
 
 class VerifyOnlyBuilder(Builder):
