@@ -87,6 +87,7 @@ PROBLEMS = {
     "sink_gqa_bwd_varlen.py": {"batch": 4, "heads": 32, "q_seqlen": 1024, "k_seqlen": 1024, "groups": 8, "is_causal": True, "window": 128},
     # the example's main(): 8 sequences of a cache up to 8192 keys, a fifth of its 32-key blocks selected
     "sparse_gqa_decode.py": {"batch": 8, "max_cache_seqlen": 8192},
+    "gemm_intrinsics.py": {"M": 4096, "N": 4096, "K": 4096},
 }
 
 
@@ -154,22 +155,29 @@ class Audit:
         return {**asdict(self), "rejected_fraction": self.rejected_fraction}
 
 
-def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, jobs: int = 1, seed: int = 0, points: int | None = None) -> Audit:
+def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, jobs: int = 1, seed: int = 0, points: int | None = None,
+          sample_counted: bool = False) -> Audit:  # fmt: skip
     """Counts, the seed point, a verified sample and a few nvcc builds of one task's space.
     ``points``: count and check the seed point at that many kernel-parameter points,
-    drawn at random (the counts are then estimates), instead of at all of them."""
+    drawn at random (the counts are then estimates), instead of at all of them.
+    ``sample_counted``: draw the sample at those points too, whose seeds the count has
+    derived, not over the whole grid (a seed is a tilelang PrimFunc, up to a second each:
+    most of a large grid's audit)."""
     start = time.perf_counter()
     space = task.space()
     out = Audit(task.spec.path.name, task.problem)
     count = space.count(sample=points, seed=seed)
     out.total, out.kept, out.pruned_by, out.estimated, out.points_counted = count.total, count.kept, dict(count.pruned), count.estimated, count.params_counted
     out.points_pruned_by = dict(count.points_pruned)
-    checked = [_seed_point_is_seed(space, params) for params in space.param_sample(points, seed)]
+    counted = space.param_sample(points, seed)
+    checked = [_seed_point_is_seed(space, params) for params in counted]
     out.seed_point_is_seed = None if all(c is None for c in checked) else all(c is not False for c in checked)
     rng = random.Random(seed)
+    within = counted if sample_counted else None
     candidates: dict[str, Candidate] = {}
     for _ in range(samples):
-        cand = space.candidate(space.sample(lambda name, options: rng.choice(tuple(options))))
+        at = {f"param.{k}": v for k, v in rng.choice(within)} if within else {}
+        cand = space.candidate(space.sample(lambda name, options, at=at: at[name] if name in at else rng.choice(tuple(options))))
         out.sampled += 1
         if isinstance(cand, str):
             kind = cand.split(":", 1)[0]
@@ -177,7 +185,8 @@ def audit(task: Task, *, samples: int, survivors: int = 0, compile_n: int = 0, j
         else:
             candidates.setdefault(cand.hash, cand)
     for _ in range(survivors):
-        point = space.random_point(rng)
+        # (where no counted point has a seed of its own, the survivors come from the whole grid)
+        point = space.random_point(rng, within=within) or (space.random_point(rng) if within else None)
         if point is None:
             break
         cand = space.candidate(point)

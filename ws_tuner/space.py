@@ -502,11 +502,12 @@ class ScheduleSpace:
             return Point(params)
         return self._decisions(shape, choose, params=params)
 
-    def random_point(self, rng: random.Random, tries: int = 200) -> Point | None:
+    def random_point(self, rng: random.Random, tries: int = 200, within: Sequence[ParamsKey] | None = None) -> Point | None:
         """A point that passes every static rule, drawn level by level among the
         choices that survive (for exploring a space where most random decisions
-        are pruned); None if ``tries`` draws found none."""
-        grid = list(self.param_points())
+        are pruned); None if ``tries`` draws found none. ``within``: at these
+        kernel-parameter points only (the grid's by default)."""
+        grid = list(within) if within is not None else list(self.param_points())
         for _ in range(tries):
             params = self._random_params(rng, grid)
             if params is None:

@@ -196,6 +196,8 @@ CASES = {
     # the parts combined by a second kernel; its example's fast math kept as PASS_CONFIGS). role_based seeds
     # it at one stage only (a guarded write would be versioned at two).
     "sparse_gqa_decode": (DATA / "sparse_gqa_decode.py", "batch=8,max_cache_seqlen=4096", {"num_split": (1, 4), "num_stages": (1,)}),
+    # tilelang's hand-written ldmatrix/mma.sync GEMM (accumulator in T.alloc_local; its T.copy twin has the seed)
+    "gemm_intrinsics": (DATA / "gemm_intrinsics.py", "M=2048,N=2048,K=2048", {"load": ("copy",), "num_stages": (2,)}),
 }
 
 
