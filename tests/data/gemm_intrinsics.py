@@ -23,7 +23,10 @@ Departures from the example (for the kernel-file contract):
   (no producer to hand a tile to), so only the twin has a seed and a schedule space; the
   example's own loops get tilelang's lowerings as baselines.
 - check() refuses sizes that are not multiples of the block (the example's K loop runs
-  K // block_K and its stores are unguarded).
+  K // block_K and its stores are unguarded), and the T.copy twin where a tile row is not
+  512 bits: the example leaves such tiles unswizzled, a TMA load does not keep that layout,
+  and every TMA lowering of it computed garbage on an H100 (tilelang's default and
+  role_based too; benchmarks/results/h200-run43, call 5).
 """
 
 import tilelang.language as T
@@ -79,6 +82,11 @@ def check(problem, params, schedule):
             return f"{name}={size} is not a multiple of the block's {block}"
     if block_K % _micro_k(problem):
         return f"chunk={block_K} is not a multiple of the MMA's k={_micro_k(problem)}"
+    if params["load"] == "copy" and block_K * {"float16": 16, "int8": 8}[in_dtype] != 512:
+        # Its tiles are then unswizzled (_swizzle): the TMA load does not keep that layout, which
+        # ldmatrix reads, and every TMA lowering (tilelang's default and role_based too) computed
+        # garbage on an H100 (benchmarks/results/h200-run43, call 5); cp.async (no_ws) did not.
+        return f"load=copy with chunk={block_K}: only 512-bit rows keep the layout ldmatrix reads under a TMA load"
     return None
 
 

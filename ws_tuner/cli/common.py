@@ -168,6 +168,10 @@ TILELANG_SEEN = {
 }
 
 
+# What a failure of tilelang's own lowering says of tilelang: one that computes garbage is built.
+_TILELANGS_FAULT = {"compile_error": "tilelang cannot build it", "compile_timeout": "tilelang cannot build it", "wrong": "tilelang builds it wrong"}
+
+
 def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list[str]:
     """Why candidates failed, from (status, message, candidate, lowering) of each trial
     (those that passed, or have no outcome yet, are skipped): for each failing status its
@@ -188,7 +192,7 @@ def failure_lines(trials: list[tuple[str | None, str, str, str | None]]) -> list
     for (status, tilelangs), messages in sorted(seen.items()):
         message, n = messages.most_common(1)[0]
         others = f"; {len(messages) - 1} other message(s)" if len(messages) > 1 else ""
-        whose = " in tilelang's own lowering (tilelang cannot build it; not a ws-tune schedule)" if tilelangs else ""
+        whose = f" in tilelang's own lowering ({_TILELANGS_FAULT.get(status, 'it fails there')}; not a ws-tune schedule)" if tilelangs else ""
         seen_where = next((f" [{where}]" for words, where in TILELANG_SEEN.items() if words in message), "")
         lines.append(f"{status}{whose}: {n} x {message}{seen_where} (e.g. {example[status, tilelangs, message]}){others}")
     return lines
