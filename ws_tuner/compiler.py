@@ -1538,7 +1538,8 @@ _held: list[list[str]] | None = None  # while ``held_log`` keeps what is passed 
 
 def pass_on(lines: Sequence[str]) -> None:
     if _held is not None:
-        _held.extend([list(lines)] if lines else [])
+        if lines:
+            _held.append(list(lines))
         return
     text = "\n".join(_TIME_STAMP.sub("", line) for line in lines)
     if lines and text not in _passed_on:
