@@ -166,16 +166,30 @@ class SpaceCount:
     # Points with no candidates at all, by reason kind ("seed": none to vary; "kernel": its
     # check() refuses the point): counted as points, not as candidates they never had.
     points_pruned: Counter = field(default_factory=Counter)
+    # reason kind -> the parameter values all such points share and no other counted point has
+    # ("load=parallel": a user sees which points lack candidates, not only how many)
+    points_pruned_where: dict[str, str] = field(default_factory=dict)
+    _pruned_at: dict[str, list[tuple]] = field(default_factory=dict, repr=False)
 
     def prune(self, reason: str, n: float = 1) -> None:
         kind = reason.split(":", 1)[0]
         self.pruned[kind] += n
         self.examples.setdefault(kind, reason)
 
-    def prune_point(self, reason: str) -> None:
+    def prune_point(self, reason: str, params: tuple = ()) -> None:
         kind = reason.split(":", 1)[0]
         self.points_pruned[kind] += 1
         self.examples.setdefault(kind, reason)
+        self._pruned_at.setdefault(kind, []).append(params)
+
+    def say_where(self, counted: list[tuple]) -> None:
+        """Fill ``points_pruned_where`` for the points of ``counted`` pruned so far."""
+        for kind, points in self._pruned_at.items():
+            pruned = set(points)
+            others = [p for p in counted if p not in pruned]
+            apart = [kv for kv in sorted(set(points[0]).intersection(*points[1:])) if others and all(kv not in p for p in others)]
+            if apart:
+                self.points_pruned_where[kind] = ", ".join(f"{k}={v}" for k, v in apart)
 
     @property
     def estimated(self) -> bool:
@@ -193,7 +207,7 @@ class SpaceCount:
             margin = 1.96 * G * math.sqrt(statistics.variance(self.kept_by_group) / g * (1 - g / G))
         return SpaceCount(round(self.total * f), round(self.kept * f), pruned, self.examples, n, N, self.stages_sampled,
                           list(self.kept_by_group), G, self.grouped_by, round(margin), round(self.same_points * f), self.seeded_points,
-                          Counter({kind: round(k * f) for kind, k in self.points_pruned.items()}))  # fmt: skip
+                          Counter({kind: round(k * f) for kind, k in self.points_pruned.items()}), dict(self.points_pruned_where))  # fmt: skip
 
     @property
     def groups_with_candidates(self) -> int:

@@ -242,6 +242,7 @@ class ScheduleSpace:
             if tick is not None:
                 tick(round(count.total), round(count.kept))
         count.kept_by_group = [sum(by_point[p] for p in group) for group in drawn]
+        count.say_where(chosen)
         return count.scaled()
 
     def _structures(self, count: SpaceCount, grid: Iterable[ParamsKey], stage_sample: int | None = None, rng: random.Random | None = None) -> Iterator[tuple[ParamsKey, SeedShape, Plan, tuple[str, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, tuple[int, ...]]], float]]:
@@ -255,7 +256,7 @@ class ScheduleSpace:
                 count.examples.setdefault("same", self._same_reason(params, twin))
                 continue
             if isinstance(shape, str):
-                count.prune_point(shape)
+                count.prune_point(shape, params)
                 continue
             count.seeded_points += 1
             if self._own_splits(params, shape) == frozenset():  # its candidates are another point's

@@ -1595,6 +1595,16 @@ def test_a_point_without_candidates_is_counted_as_a_point_not_as_the_space_it_la
     assert apart.examples["seed"] == space.shape(seedless)
 
 
+def test_points_without_candidates_are_named_by_what_sets_them_apart(data_dir):
+    """tilelang's intrinsics GEMM has a seed only where its loads are T.copy: "16 of the 32
+    kernel-parameter points have no candidates" did not say which (a helper's port)."""
+    spec = load_kernel(data_dir / "gemm_intrinsics.py")
+    count = Task.make(spec, spec.parse_problem("M=2048,N=2048,K=2048")).space().count()
+    assert count.points_pruned["seed"] == 16 and count.points_pruned_where["seed"] == "load=parallel"
+    # check() refuses load=copy at chunk=64: no one value sets those apart (load=parallel has chunk=64 too)
+    assert count.points_pruned["kernel"] == 8 and "kernel" not in count.points_pruned_where
+
+
 def test_stages_the_dependences_pin_to_one_choice_are_said_to_be_kept(data_dir):
     """GQA with sinks over packed sequences, in a sliding window: the Load role computes its
     window's start (a scalar) each trip, which both K's and V's copies read, so K and V load at

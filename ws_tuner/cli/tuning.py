@@ -282,7 +282,8 @@ def space(
         out.print(f"candidates: {count.total:,} before pruning, {count.kept:,} after ({elapsed:.2f} s)")
     approx = "~" * (count.params_counted < count.params_total)  # points scaled from a sample
     for kind, n in count.points_pruned.most_common():
-        out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points have no candidates ({count.examples[kind]})")
+        where = f", those with {count.points_pruned_where[kind]}," if kind in count.points_pruned_where else ""
+        out.print(f"{approx}{n} of the {count.params_total} kernel-parameter points{where} have no candidates ({count.examples[kind]})")
     if count.same_points:
         out.print(f"{approx}{count.same_points} of the {count.params_total} kernel-parameter points have no warp-specialized kernel "
                   f"of their own ({count.examples['same']})")  # fmt: skip
