@@ -405,13 +405,17 @@ class ScheduleSpace:
         """``params`` with ``key`` at the first of ``values`` that builds the same program
         (and whose seed offers the warp layout ``offering``), or None."""
         program = self.shape(params).info.program  # a point with settable parameters has a shape
+        return self._seeded_probe(params, key, values, lambda near: near.info.program == program and (offering is None or offering in near.split_keys.values()))
+
+    def _seeded_probe(self, params: ParamsKey, key: str, values: Iterable[Any], fits: Callable[[SeedShape], bool]) -> ParamsKey | None:
+        """``params`` with ``key`` at the first of ``values`` whose point has a seed that ``fits``, or None."""
         for other in values:
             probe = tuple((k, other if k == key else v) for k, v in params)
             try:
                 near = self.shape(probe)
             except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
                 continue
-            if not isinstance(near, str) and near.info.program == program and (offering is None or offering in near.split_keys.values()):
+            if not isinstance(near, str) and fits(near):
                 return probe
         return None
 
@@ -450,16 +454,9 @@ class ScheduleSpace:
         if info is None or not info.plain_program:
             return None
         for key, value in params:
-            for other in self.param_grid[key]:
-                probe = tuple((k, other if k == key else v) for k, v in params)
-                if other == value or probe in self._seedless:
-                    continue
-                try:
-                    near = self.shape(probe)
-                except Exception:  # noqa: BLE001 - a point whose kernel does not build stands for none
-                    continue
-                if not isinstance(near, str) and near.info.plain_program == info.plain_program:
-                    return probe
+            twin = self._seeded_probe(params, key, (v for v in self.param_grid[key] if v != value), lambda near: near.info.plain_program == info.plain_program)
+            if twin is not None:
+                return twin
         return None
 
     def seed_point(self, params: ParamsKey) -> Point | str:

@@ -36,7 +36,7 @@ from ws_tuner.rules import (
     wgmma_partition,
 )
 from ws_tuner.schedule import ROOT_SCOPE, Role, Schedule, Sync
-from ws_tuner.space import MERGED, SEED, SEPARATE, Point, SpaceConfig
+from ws_tuner.space import MERGED, SEED, SEPARATE, Point, ScheduleSpace, SpaceConfig
 from ws_tuner.task import Task, params_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1590,7 +1590,7 @@ def test_a_point_without_candidates_is_counted_as_a_point_not_as_the_space_it_la
         info = task.point_info(params)
         return info if info.seed is not None else replace(info, plain_program="another kernel")
 
-    apart = type(space)(param_grid=task.param_grid, point_info=other_kernel, check=task.check, config=task.space_config).count(at=[seeded, seedless])
+    apart = ScheduleSpace(param_grid=task.param_grid, point_info=other_kernel, check=task.check, config=task.space_config).count(at=[seeded, seedless])
     assert (dict(apart.points_pruned), apart.same_points, apart.seeded_points) == ({"seed": 1}, 0, 1)
     assert apart.examples["seed"] == space.shape(seedless)
 
